@@ -1,0 +1,250 @@
+//! Code generation of `#[idempotent]`: the rewritten handler calls
+//! `idem_runtime::__private::run_transactional` with its body as an async closure.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{FnArg, Ident, ItemFn, Pat, PatType, ReturnType, Type};
+
+use crate::attr::{Args, FieldList};
+
+/// The handler's parts that the expansion needs, once checked.
+struct Handler<'a> {
+    connection: &'a PatType,
+    message: Ident,
+    output: &'a Type,
+}
+
+/// Expands the attribute; every problem found is returned together.
+pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Error>> {
+    let handler = check_signature(item, &mut args.errors);
+    if args.key.is_none() {
+        args.errors.push(syn::Error::new(
+            Span::call_site(),
+            "missing `key`: name the message fields that identify the business fact, e.g. `#[idempotent(key = \"order_id, event_type\")]`",
+        ));
+    }
+    let (Some(handler), Some(key), true) = (handler, args.key.as_ref(), args.errors.is_empty())
+    else {
+        return Err(std::mem::take(&mut args.errors));
+    };
+
+    let krate = args
+        .krate
+        .as_ref()
+        .map_or_else(|| quote!(::idem_runtime), ToTokens::to_token_stream);
+    let private = quote!(#krate::__private);
+    let idem = Ident::new("idem", Span::mixed_site());
+    let message = &handler.message;
+
+    let scope = args
+        .scope
+        .as_ref()
+        .map_or_else(|| item.sig.ident.to_string(), syn::LitStr::value);
+    let max_attempts = match &args.max_attempts {
+        Some(n) => quote!(::core::option::Option::Some(#n)),
+        None => quote!(::core::option::Option::None),
+    };
+    let codec = match &args.store_result {
+        Some(flag) if !flag.value => quote!(#private::NoResult),
+        _ => quote!(#private::JsonResult),
+    };
+
+    let key_builder = builder(&private, message, key);
+    let sole_part_check = match key.paths.as_slice() {
+        [only] => {
+            let idents = &only.idents;
+            quote_spanned!(key.literal.span()=> #private::sole_key_part(&#message #(.#idents)*);)
+        }
+        _ => quote!(),
+    };
+    let fingerprint_expr = match &args.fingerprint {
+        Some(list) => {
+            let fingerprint_builder = builder(&private, message, list);
+            quote!(::core::option::Option::Some(#fingerprint_builder.digest()))
+        }
+        None => quote!(::core::option::Option::None),
+    };
+
+    let ItemFn {
+        attrs, vis, sig, block,
+    } = item;
+    let output = handler.output;
+    let connection_pat = &handler.connection.pat;
+    let connection_ty = &handler.connection.ty;
+    let inputs = sig.inputs.iter().map(|input| match input {
+        FnArg::Typed(typed) if std::ptr::eq(typed, handler.connection) => {
+            quote!(#idem: &#krate::Idem)
+        }
+        other => other.to_token_stream(),
+    });
+    let signature = {
+        let (constness, asyncness, unsafety, abi, fn_token, ident, generics) = (
+            &sig.constness,
+            &sig.asyncness,
+            &sig.unsafety,
+            &sig.abi,
+            &sig.fn_token,
+            &sig.ident,
+            &sig.generics,
+        );
+        let where_clause = &generics.where_clause;
+        quote! {
+            #constness #asyncness #unsafety #abi #fn_token #ident #generics (#(#inputs),*)
+                -> #private::Handled<#output> #where_clause
+        }
+    };
+    // Locals of the generated code, invisible to the user's body.
+    let [spec, derived, key, fingerprint, error, transaction, result] = [
+        "SPEC", "derived", "key", "fingerprint", "error", "transaction", "result",
+    ]
+    .map(|name| Ident::new(name, Span::mixed_site()));
+    // The body may run again after a transient failure, so it borrows owned parameters.
+    let borrow_owned = sig.inputs.iter().filter_map(|input| match input {
+        FnArg::Typed(typed) if !std::ptr::eq(typed, handler.connection) => match (&*typed.pat, &*typed.ty) {
+            (Pat::Ident(pat), ty) if !matches!(ty, Type::Reference(_)) => {
+                let ident = &pat.ident;
+                Some(quote!(let #ident = &#ident;))
+            }
+            _ => None,
+        },
+        _ => None,
+    });
+    // Checks spanned on the return type, so that their errors point at it.
+    let result_checks = quote_spanned! {output.span()=>
+        #private::check_handler_result::<#output, _>(&#codec);
+    };
+
+    Ok(quote! {
+        #(#attrs)*
+        #vis #signature
+        {
+            const #spec: #private::HandlerSpec = #private::HandlerSpec {
+                scope: #scope,
+                max_attempts: #max_attempts,
+            };
+            #result_checks
+            #sole_part_check
+            #(#borrow_owned)*
+            let #derived = (|| -> ::core::result::Result<_, #private::KeyError> {
+                ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
+            })();
+            let (#key, #fingerprint) = match #derived {
+                ::core::result::Result::Ok(#derived) => #derived,
+                ::core::result::Result::Err(#error) => {
+                    return ::core::result::Result::Err(#private::Error::Key(#error));
+                }
+            };
+            #private::run_transactional(
+                #idem,
+                &#spec,
+                #key,
+                #fingerprint,
+                #codec,
+                move |mut #transaction| async move {
+                    let #result = {
+                        let #connection_pat: #connection_ty = &mut *#transaction;
+                        #private::handler_body::<#output, _>(async #block).await
+                    };
+                    (#transaction, #result)
+                },
+            )
+            .await
+        }
+    })
+}
+
+/// `KeyBuilder::new().part("a", &msg.a)?.part(...)?`, spanned on the literal naming the fields.
+fn builder(private: &TokenStream, message: &Ident, list: &FieldList) -> TokenStream {
+    let span = list.literal.span();
+    let parts = list.paths.iter().map(|path| {
+        let (text, idents) = (&path.text, &path.idents);
+        quote_spanned!(span=> .part(#text, &#message #(.#idents)*)?)
+    });
+    quote!(#private::KeyBuilder::new() #(#parts)*)
+}
+
+/// Checks that the handler is an `async fn (conn: &mut PgConnection, message, ...) -> R`.
+fn check_signature<'a>(item: &'a ItemFn, errors: &mut Vec<syn::Error>) -> Option<Handler<'a>> {
+    let sig = &item.sig;
+    if sig.asyncness.is_none() {
+        errors.push(syn::Error::new(
+            sig.fn_token.span,
+            "#[idempotent] handlers must be `async fn`: the body runs inside a database transaction",
+        ));
+    }
+    let output = match &sig.output {
+        ReturnType::Type(_, ty) => Some(&**ty),
+        ReturnType::Default => {
+            errors.push(syn::Error::new(
+                sig.paren_token.span.close(),
+                "#[idempotent] handlers must return a `Result`: add `-> Result<T, E>`; an error rolls the body's writes back and records the failure",
+            ));
+            None
+        }
+    };
+
+    let mut typed = sig.inputs.iter().filter_map(|input| match input {
+        FnArg::Typed(typed) => Some(typed),
+        FnArg::Receiver(_) => None,
+    });
+    let connection = match typed.next() {
+        Some(connection) if is_connection(&connection.ty) => Some(connection),
+        Some(other) => {
+            errors.push(syn::Error::new(
+                other.ty.span(),
+                "the first parameter of an #[idempotent] handler must be the transaction's connection: `tx: &mut PgConnection`",
+            ));
+            None
+        }
+        None => {
+            errors.push(syn::Error::new(
+                sig.paren_token.span.join(),
+                "an #[idempotent] handler takes the transaction's connection and the message: `(tx: &mut PgConnection, message: &Message)`",
+            ));
+            None
+        }
+    };
+    let message = match typed.next() {
+        Some(message) => match &*message.pat {
+            Pat::Ident(pat) if pat.subpat.is_none() => Some(pat.ident.clone()),
+            other => {
+                errors.push(syn::Error::new(
+                    other.span(),
+                    "bind the message to a name (e.g. `event: &OrderEvent`): the key is read from its fields",
+                ));
+                None
+            }
+        },
+        None if connection.is_some() => {
+            errors.push(syn::Error::new(
+                sig.paren_token.span.close(),
+                "an #[idempotent] handler needs the message after the connection: `(tx: &mut PgConnection, message: &Message)`",
+            ));
+            None
+        }
+        None => None,
+    };
+    Some(Handler {
+        connection: connection?,
+        message: message?,
+        output: output?,
+    })
+}
+
+/// `&mut PgConnection`, with any path to it (`sqlx::PgConnection`, ...).
+fn is_connection(ty: &Type) -> bool {
+    let Type::Reference(reference) = ty else {
+        return false;
+    };
+    let Type::Path(path) = &*reference.elem else {
+        return false;
+    };
+    reference.mutability.is_some()
+        && path.qself.is_none()
+        && path
+            .path
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == "PgConnection" && segment.arguments.is_none())
+}

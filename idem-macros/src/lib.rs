@@ -1,0 +1,56 @@
+//! The `#[idempotent]` attribute and `#[derive(KeyPart)]` of idem.
+//!
+//! Use them through `idem_runtime`, which re-exports both and documents them; this crate
+//! only parses and generates code that calls `idem_runtime::__private`.
+
+mod attr;
+mod derive;
+mod expand;
+
+use proc_macro::TokenStream;
+use quote::ToTokens;
+
+/// Makes an async handler idempotent over PostgreSQL. See `idem_runtime` for the arguments,
+/// the generated code and the guarantees.
+#[proc_macro_attribute]
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut parsed = attr::Args::default();
+    let parser = syn::meta::parser(|meta| parsed.parse(meta));
+    if let Err(error) = syn::parse::Parser::parse(parser, args) {
+        parsed.errors.push(error);
+    }
+    let item_tokens = proc_macro2::TokenStream::from(item.clone());
+    let function = match syn::parse::<syn::ItemFn>(item) {
+        Ok(function) => function,
+        Err(_) => {
+            let error = syn::Error::new_spanned(
+                &item_tokens,
+                "#[idempotent] applies to an `async fn` handler",
+            );
+            return with_errors(item_tokens, vec![error]);
+        }
+    };
+    match expand::expand(parsed, &function) {
+        Ok(expanded) => expanded.into(),
+        // The function is kept as written, so that its own errors and uses still resolve.
+        Err(errors) => with_errors(function.into_token_stream(), errors),
+    }
+}
+
+/// Implements `idem_runtime::key::KeyPart` (and `SoleKeyPart`) for a struct or an enum.
+///
+/// A struct with one field encodes as that field; a struct with several fields as the
+/// list of its fields in declaration order; an enum as its variant's name (followed by
+/// its fields, for variants that have some).
+#[proc_macro_derive(KeyPart)]
+pub fn derive_key_part(item: TokenStream) -> TokenStream {
+    let input = syn::parse_macro_input!(item as syn::DeriveInput);
+    derive::key_part(&input)
+        .unwrap_or_else(syn::Error::into_compile_error)
+        .into()
+}
+
+fn with_errors(item: proc_macro2::TokenStream, errors: Vec<syn::Error>) -> TokenStream {
+    let errors = errors.into_iter().map(syn::Error::into_compile_error);
+    quote::quote!(#(#errors)* #item).into()
+}

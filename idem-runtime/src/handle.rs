@@ -1,0 +1,184 @@
+//! The runtime handle: the pool, the settings and the statements of one status table.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::{Connection, Executor, PgConnection, PgPool};
+
+use crate::config::{Config, ConfigError, Identifier};
+use crate::key::IdempotencyKey;
+use crate::store::{KeyRecord, Statements};
+
+/// The migrations of the status table (`migrations/` of this repository).
+///
+/// They create `idem_keys` in the current `search_path`; [`Idem::migrate`] applies them in
+/// the configured schema.
+pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+
+/// The runtime handle that idempotent handlers are called with.
+///
+/// Cheap to clone; share one per application. Create it with [`Idem::new`] (defaults)
+/// or [`Idem::builder`], then call [`Idem::migrate`] once at start-up.
+///
+/// ```no_run
+/// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
+/// let idem = idem_runtime::Idem::builder(pool)
+///     .schema("billing_idem")
+///     .max_attempts(3)
+///     .build()?;
+/// idem.migrate().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Idem {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    pool: PgPool,
+    config: Config,
+    statements: Statements,
+}
+
+impl Idem {
+    /// A handle with the default settings (schema `idem`, 5 attempts, 5 s lock timeout).
+    pub fn new(pool: PgPool) -> Self {
+        Self::with_config(pool, Config::default())
+    }
+
+    /// A builder to change the settings.
+    pub fn builder(pool: PgPool) -> IdemBuilder {
+        IdemBuilder {
+            pool,
+            config: Config::default(),
+            schema: None,
+        }
+    }
+
+    fn with_config(pool: PgPool, config: Config) -> Self {
+        let statements = Statements::new(&config);
+        Idem {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                statements,
+            }),
+        }
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    pub(crate) fn statements(&self) -> &Statements {
+        &self.inner.statements
+    }
+
+    /// Creates the schema if needed and applies the status table's migrations in it.
+    ///
+    /// Safe to call from every consumer at start-up: migrations take an advisory lock and
+    /// are tracked in the schema's own `_sqlx_migrations` table, apart from the
+    /// application's migrations.
+    pub async fn migrate(&self) -> Result<(), MigrateError> {
+        let schema = self.config().schema().as_str();
+        let options = self
+            .pool()
+            .connect_options()
+            .as_ref()
+            .clone()
+            .options([("search_path", schema)]);
+        let mut conn = PgConnection::connect_with(&options).await?;
+        let create = format!("CREATE SCHEMA IF NOT EXISTS {schema}");
+        if let Err(error) = conn.execute(create.as_str()).await {
+            // Two processes creating the schema at once: one of them loses the race.
+            let raced = error
+                .as_database_error()
+                .is_some_and(|db| matches!(db.code().as_deref(), Some("23505" | "42P06")));
+            if !raced {
+                return Err(error.into());
+            }
+        }
+        let applied = MIGRATOR.run_direct(&mut conn).await;
+        conn.close().await?;
+        applied
+    }
+
+    /// The status table's row for `key` in `scope`, if any.
+    pub async fn record(
+        &self,
+        scope: &str,
+        key: IdempotencyKey,
+    ) -> Result<Option<KeyRecord>, sqlx::Error> {
+        let mut conn = self.pool().acquire().await?;
+        self.statements()
+            .record(&mut conn, scope, key.as_uuid())
+            .await
+    }
+
+    /// Un-parks a key (or clears the attempts of a failed one) so that the next delivery
+    /// runs the body again. Returns whether the key was failed or parked.
+    pub async fn reset(&self, scope: &str, key: IdempotencyKey) -> Result<bool, sqlx::Error> {
+        let mut conn = self.pool().acquire().await?;
+        self.statements()
+            .reset(&mut conn, scope, key.as_uuid())
+            .await
+    }
+}
+
+/// Builds an [`Idem`] with settings other than the defaults.
+#[derive(Debug)]
+pub struct IdemBuilder {
+    pool: PgPool,
+    config: Config,
+    schema: Option<String>,
+}
+
+impl IdemBuilder {
+    /// The schema that holds the status table `idem_keys` (default `idem`). It must be a
+    /// plain lowercase identifier (checked by [`IdemBuilder::build`]).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// Failed attempts after which a key is parked (default 5). A handler can override it
+    /// with `#[idempotent(max_attempts = N)]`.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.config.max_attempts = max_attempts;
+        self
+    }
+
+    /// How long a delivery waits behind another delivery's in-flight claim of the same
+    /// key before it returns [`Error::InProgress`](crate::Error::InProgress) (default 5 s).
+    pub fn lock_timeout(mut self, lock_timeout: Duration) -> Self {
+        self.config.lock_timeout = lock_timeout;
+        self
+    }
+
+    /// How often a handler transaction that hit a serialization failure or a deadlock
+    /// is run again before the failure is recorded (default 3).
+    pub fn transient_retries(mut self, retries: u32) -> Self {
+        self.config.transient_retries = retries;
+        self
+    }
+
+    /// Checks the settings and builds the handle.
+    pub fn build(mut self) -> Result<Idem, ConfigError> {
+        if let Some(schema) = self.schema.take() {
+            self.config.schema = Identifier::new(&schema)?;
+        }
+        if self.config.max_attempts == 0 {
+            return Err(ConfigError::ZeroAttempts);
+        }
+        Ok(Idem::with_config(self.pool, self.config))
+    }
+}

@@ -1,0 +1,55 @@
+//! What `#[idempotent]` tells the runtime about a handler.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// The static description of one idempotent handler.
+#[derive(Debug, Clone, Copy)]
+pub struct HandlerSpec {
+    /// The handler's stable identity in the status table.
+    pub scope: &'static str,
+    /// Overrides [`Config::max_attempts`](crate::config::Config::max_attempts).
+    pub max_attempts: Option<u32>,
+}
+
+/// How a handler's result is kept for replay to duplicates.
+#[diagnostic::on_unimplemented(
+    message = "the handler's result `{T}` cannot be stored for replay to duplicates",
+    label = "duplicates of this handler receive the stored result",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{T}`, or add `store_result = false` to `#[idempotent(...)]` so duplicates get `Outcome::Duplicate(None)`"
+)]
+pub trait ResultCodec<T> {
+    /// The JSON to store, or `None` to store nothing.
+    fn encode(&self, value: &T) -> Result<Option<serde_json::Value>, serde_json::Error>;
+    /// The value for a duplicate from the stored JSON (`None` if nothing was stored).
+    fn decode(&self, stored: Option<serde_json::Value>) -> Result<Option<T>, serde_json::Error>;
+}
+
+/// Stores the result as JSON (`jsonb`) and replays it.
+#[derive(Debug, Clone, Copy)]
+pub struct JsonResult;
+
+impl<T: Serialize + DeserializeOwned> ResultCodec<T> for JsonResult {
+    fn encode(&self, value: &T) -> Result<Option<serde_json::Value>, serde_json::Error> {
+        // `()` and `None` store nothing, which saves the write.
+        serde_json::to_value(value).map(|json| (!json.is_null()).then_some(json))
+    }
+
+    fn decode(&self, stored: Option<serde_json::Value>) -> Result<Option<T>, serde_json::Error> {
+        serde_json::from_value(stored.unwrap_or(serde_json::Value::Null)).map(Some)
+    }
+}
+
+/// Stores nothing; duplicates get no value.
+#[derive(Debug, Clone, Copy)]
+pub struct NoResult;
+
+impl<T> ResultCodec<T> for NoResult {
+    fn encode(&self, _: &T) -> Result<Option<serde_json::Value>, serde_json::Error> {
+        Ok(None)
+    }
+
+    fn decode(&self, _: Option<serde_json::Value>) -> Result<Option<T>, serde_json::Error> {
+        Ok(None)
+    }
+}

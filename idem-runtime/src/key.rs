@@ -1,0 +1,536 @@
+//! Idempotency keys: the canonical encoding of a message's key fields and its digest.
+//!
+//! A key identifies one business fact. It is derived from an ordered list of *parts* (the
+//! values of the fields named in `#[idempotent(key = "...")]`), each encoded canonically,
+//! and digested to a UUID. The handler's scope is not part of the digest: the status table
+//! stores `(scope, key)`, so a producer can stamp one key on an event and every handler
+//! that consumes it derives the same key and still keeps its own record.
+//!
+//! # Encoding, version 1
+//!
+//! ```text
+//! encoding = "idem:v1" count part*
+//! count    = u32, big-endian: the number of parts
+//! part     = tag len bytes
+//! tag      = one ASCII byte, below
+//! len      = u32, big-endian: the length of bytes
+//! ```
+//!
+//! | tag | Rust types | bytes |
+//! |-----|------------|-------|
+//! | `s` | `str`, `String`, `char`, unit enums deriving [`KeyPart`] (the variant's name) | UTF-8 |
+//! | `i` | every integer type | ASCII decimal, `-` for negatives, no leading zeros (`0`, `42`, `-7`) |
+//! | `b` | `bool` | one byte, `0x00` or `0x01` |
+//! | `u` | [`uuid::Uuid`] | the 16 bytes |
+//! | `t` | `chrono::DateTime<Tz>`, `chrono::NaiveDateTime` (read as UTC) | ASCII decimal nanoseconds since 1970-01-01T00:00:00Z |
+//! | `d` | `chrono::NaiveDate` | ASCII `YYYY-MM-DD` |
+//! | `l` | `[T]`, `Vec<T>`, structs deriving [`KeyPart`] | `count part*` of the elements |
+//!
+//! The digest is the first 16 bytes of SHA-256 over the encoding, stamped as an
+//! [RFC 9562](https://www.rfc-editor.org/rfc/rfc9562#section-5.8) version 8 UUID.
+//! Integers of every width encode alike, so a producer holding an `i64` and a consumer
+//! holding an `i32` of the same value agree. Field names are not encoded: only the values
+//! and their order count.
+//!
+//! The test vectors below are checked by this crate's tests; another implementation
+//! (a producer in another language) can check itself against them.
+//!
+//! | parts | key |
+//! |-------|-----|
+//! | `"order-1"`, `"paid"` | `804192a5-97d2-8f62-9aa5-941e1b1f8c6f` |
+//! | `42` | `1b2737e7-042d-8386-a0ca-ba27dd08e7ce` |
+//! | `-7`, `true` | `fe903395-f82a-858b-8557-c7929c9b2104` |
+//! | `Uuid 67e55044-10b1-426f-9247-bb680e5fe0c8` | `1bec8415-b00e-8060-8dbe-924fb9dc4bd1` |
+//! | `"order-1"`, `2024-05-01T12:00:00Z` | `2118130b-707b-8234-abd6-fd25a4c6adf1` |
+//! | `vec!["a", "b"]` | `15ea568c-a614-86dd-aa31-6f678aeac200` |
+//!
+//! The same derivation in Python, for producers outside Rust:
+//!
+//! ```text
+//! import hashlib, struct, uuid
+//! def part(tag, data): return tag + struct.pack(">I", len(data)) + data
+//! def key(parts):
+//!     digest = bytearray(hashlib.sha256(b"idem:v1" + struct.pack(">I", len(parts)) + b"".join(parts)).digest()[:16])
+//!     digest[6] = (digest[6] & 0x0F) | 0x80   # version 8
+//!     digest[8] = (digest[8] & 0x3F) | 0x80   # RFC 9562 variant
+//!     return uuid.UUID(bytes=bytes(digest))
+//! key([part(b"s", b"order-1"), part(b"s", b"paid")])  # 804192a5-97d2-8f62-9aa5-941e1b1f8c6f
+//! ```
+//!
+//! Floats, hash maps and sets have no canonical encoding and do not implement [`KeyPart`]:
+//! `0.1 + 0.2 != 0.3`, `-0.0 == 0.0` and a set's iteration order is unstable, so two
+//! deliveries of the same fact could derive different keys.
+//!
+//! # Deriving a key without the macro
+//!
+//! ```
+//! use idem_runtime::key::KeyBuilder;
+//!
+//! let key = KeyBuilder::new()
+//!     .part("order_id", "order-1")?
+//!     .part("event_type", "paid")?
+//!     .finish();
+//! assert_eq!(key.to_string(), idem_runtime::key::key_of(&[&"order-1", &"paid"])?.to_string());
+//! # Ok::<(), idem_runtime::KeyError>(())
+//! ```
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+/// The prefix that versions the encoding.
+pub const ENCODING_V1: &[u8] = b"idem:v1";
+
+/// An idempotency key: the digest of a message's key parts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdempotencyKey(Uuid);
+
+impl IdempotencyKey {
+    /// Wraps a UUID computed elsewhere (for example a key stamped by a producer).
+    pub const fn from_uuid(uuid: Uuid) -> Self {
+        Self(uuid)
+    }
+
+    /// The key as a UUID, as it is stored in the status table.
+    pub const fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<IdempotencyKey> for Uuid {
+    fn from(key: IdempotencyKey) -> Self {
+        key.0
+    }
+}
+
+/// Why a key could not be derived from a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// A key field held no value (an `Option` that was `None`).
+    #[error("key field `{field}` is missing: it is None, and a missing value would merge unrelated messages into one key")]
+    MissingValue {
+        /// The key field, as written in the attribute.
+        field: &'static str,
+    },
+    /// A part's encoding does not fit the format (over 4 GiB, or over 2^32 elements).
+    #[error("key field `{field}` is too large to encode")]
+    TooLarge {
+        /// The key field, as written in the attribute.
+        field: &'static str,
+    },
+}
+
+/// Marker error of [`KeyPart::encode_key_part`]: the value is absent.
+///
+/// [`KeyBuilder`] turns it into [`KeyError::MissingValue`] naming the field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MissingValue;
+
+/// A value that may be part of an idempotency key: it has one canonical encoding.
+///
+/// Implemented for strings, integers, `bool`, `char`, [`Uuid`], chrono's `DateTime` and
+/// `NaiveDate`, slices and vectors of key parts, references and
+/// `Option` (where `None` is an error, never a value). Derive it for your own enums and
+/// newtypes with `#[derive(idem_runtime::KeyPart)]`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be part of an idempotency key",
+    label = "this key field has no canonical key encoding",
+    note = "a key part must encode the same way on every delivery of the same fact: strings, integers, bool, char, Uuid, chrono dates and times, and types deriving `idem_runtime::KeyPart` can",
+    note = "floats (rounding, -0.0, NaN) and hash maps or sets (unstable order) cannot; key on an integer amount in minor units, or on an id"
+)]
+pub trait KeyPart {
+    /// Appends this value's canonical encoding (one part) to `encoder`.
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue>;
+}
+
+/// A key part that can be a key on its own: everything but a bare instant in time.
+///
+/// A timestamp alone does not identify a business fact (two facts can share an instant,
+/// one fact can be stamped twice), so a key made only of a timestamp is rejected at
+/// compile time. Derived key parts implement this too.
+#[diagnostic::on_unimplemented(
+    message = "a key made only of the timestamp `{Self}` does not identify a business fact",
+    label = "this key is only a timestamp",
+    note = "two facts can happen at the same instant and one fact can be stamped twice: key on the business id, e.g. `key = \"order_id, created_at\"`"
+)]
+pub trait SoleKeyPart: KeyPart {}
+
+/// Writes parts in the canonical encoding. See the [module docs](self) for the format.
+#[derive(Debug, Default)]
+pub struct KeyEncoder {
+    bytes: Vec<u8>,
+    count: u32,
+    too_large: bool,
+}
+
+impl KeyEncoder {
+    fn push_part(&mut self, tag: u8, bytes: &[u8]) {
+        let Ok(len) = u32::try_from(bytes.len()) else {
+            self.too_large = true;
+            return;
+        };
+        self.bytes.push(tag);
+        self.bytes.extend_from_slice(&len.to_be_bytes());
+        self.bytes.extend_from_slice(bytes);
+        self.count += 1;
+    }
+
+    /// Appends a string part (tag `s`).
+    pub fn string(&mut self, value: &str) {
+        self.push_part(b's', value.as_bytes());
+    }
+
+    /// Appends an integer part (tag `i`).
+    pub fn integer(&mut self, value: i128) {
+        self.push_part(b'i', value.to_string().as_bytes());
+    }
+
+    /// Appends an unsigned integer part (tag `i`); the same encoding as [`Self::integer`].
+    pub fn unsigned(&mut self, value: u128) {
+        self.push_part(b'i', value.to_string().as_bytes());
+    }
+
+    /// Appends a boolean part (tag `b`).
+    pub fn boolean(&mut self, value: bool) {
+        self.push_part(b'b', &[u8::from(value)]);
+    }
+
+    /// Appends a UUID part (tag `u`).
+    pub fn uuid(&mut self, value: &Uuid) {
+        self.push_part(b'u', value.as_bytes());
+    }
+
+    /// Appends an instant part (tag `t`): nanoseconds since the Unix epoch, UTC.
+    pub fn instant_nanos(&mut self, nanos_since_epoch: i128) {
+        self.push_part(b't', nanos_since_epoch.to_string().as_bytes());
+    }
+
+    /// Appends a calendar date part (tag `d`).
+    pub fn date(&mut self, year: i32, month: u32, day: u32) {
+        self.push_part(b'd', format!("{year:04}-{month:02}-{day:02}").as_bytes());
+    }
+
+    /// Appends a list part (tag `l`) whose elements `encode` writes into a nested encoder.
+    pub fn list(
+        &mut self,
+        encode: impl FnOnce(&mut KeyEncoder) -> Result<(), MissingValue>,
+    ) -> Result<(), MissingValue> {
+        let mut nested = KeyEncoder::default();
+        encode(&mut nested)?;
+        self.too_large |= nested.too_large;
+        let mut bytes = Vec::with_capacity(4 + nested.bytes.len());
+        bytes.extend_from_slice(&nested.count.to_be_bytes());
+        bytes.extend_from_slice(&nested.bytes);
+        self.push_part(b'l', &bytes);
+        Ok(())
+    }
+}
+
+/// Derives an [`IdempotencyKey`] from named parts, in order.
+///
+/// This is what `#[idempotent(key = "...")]` generates; producers and tools call it to
+/// compute the same key.
+#[derive(Debug, Default)]
+pub struct KeyBuilder {
+    encoder: KeyEncoder,
+}
+
+impl KeyBuilder {
+    /// Starts an empty key.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends the part `value`; `field` names it in errors only (it is not encoded).
+    pub fn part<P: KeyPart + ?Sized>(
+        mut self,
+        field: &'static str,
+        value: &P,
+    ) -> Result<Self, KeyError> {
+        value
+            .encode_key_part(&mut self.encoder)
+            .map_err(|MissingValue| KeyError::MissingValue { field })?;
+        if self.encoder.too_large {
+            return Err(KeyError::TooLarge { field });
+        }
+        Ok(self)
+    }
+
+    /// The canonical encoding of the parts so far (see the [module docs](self)).
+    pub fn encoding(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(ENCODING_V1.len() + 4 + self.encoder.bytes.len());
+        bytes.extend_from_slice(ENCODING_V1);
+        bytes.extend_from_slice(&self.encoder.count.to_be_bytes());
+        bytes.extend_from_slice(&self.encoder.bytes);
+        bytes
+    }
+
+    /// The SHA-256 digest of the encoding, used as a payload fingerprint.
+    pub fn digest(&self) -> [u8; 32] {
+        Sha256::digest(self.encoding()).into()
+    }
+
+    /// Digests the parts into the key.
+    pub fn finish(self) -> IdempotencyKey {
+        let digest = self.digest();
+        let mut first = [0u8; 16];
+        first.copy_from_slice(&digest[..16]);
+        IdempotencyKey(uuid::Builder::from_custom_bytes(first).into_uuid())
+    }
+}
+
+/// Derives the key of unnamed parts in one call.
+///
+/// ```
+/// let key = idem_runtime::key::key_of(&[&"order-1", &42_i64])?;
+/// # Ok::<(), idem_runtime::KeyError>(())
+/// ```
+pub fn key_of(parts: &[&dyn KeyPart]) -> Result<IdempotencyKey, KeyError> {
+    parts
+        .iter()
+        .try_fold(KeyBuilder::new(), |builder, part| builder.part("", *part))
+        .map(KeyBuilder::finish)
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for &T {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        (**self).encode_key_part(encoder)
+    }
+}
+impl<T: SoleKeyPart + ?Sized> SoleKeyPart for &T {}
+
+impl<T: KeyPart + ?Sized> KeyPart for Box<T> {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        (**self).encode_key_part(encoder)
+    }
+}
+impl<T: SoleKeyPart + ?Sized> SoleKeyPart for Box<T> {}
+
+/// `None` is an error, never a value: many messages with a missing field must not share a key.
+impl<T: KeyPart> KeyPart for Option<T> {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        match self {
+            Some(value) => value.encode_key_part(encoder),
+            None => Err(MissingValue),
+        }
+    }
+}
+impl<T: SoleKeyPart> SoleKeyPart for Option<T> {}
+
+impl KeyPart for str {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        encoder.string(self);
+        Ok(())
+    }
+}
+impl SoleKeyPart for str {}
+
+impl KeyPart for String {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        encoder.string(self);
+        Ok(())
+    }
+}
+impl SoleKeyPart for String {}
+
+impl KeyPart for char {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        encoder.string(self.encode_utf8(&mut [0; 4]));
+        Ok(())
+    }
+}
+impl SoleKeyPart for char {}
+
+impl KeyPart for bool {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        encoder.boolean(*self);
+        Ok(())
+    }
+}
+impl SoleKeyPart for bool {}
+
+impl KeyPart for Uuid {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        encoder.uuid(self);
+        Ok(())
+    }
+}
+impl SoleKeyPart for Uuid {}
+
+impl KeyPart for IdempotencyKey {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        encoder.uuid(&self.0);
+        Ok(())
+    }
+}
+impl SoleKeyPart for IdempotencyKey {}
+
+macro_rules! integer_key_parts {
+    ($method:ident as $wide:ty: $($int:ty),*) => {$(
+        impl KeyPart for $int {
+            fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+                encoder.$method(<$wide>::from(*self));
+                Ok(())
+            }
+        }
+        impl SoleKeyPart for $int {}
+    )*};
+}
+integer_key_parts!(integer as i128: i8, i16, i32, i64, i128);
+integer_key_parts!(unsigned as u128: u8, u16, u32, u64, u128);
+
+impl KeyPart for isize {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        encoder.integer(*self as i128);
+        Ok(())
+    }
+}
+impl SoleKeyPart for isize {}
+
+impl KeyPart for usize {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        encoder.unsigned(*self as u128);
+        Ok(())
+    }
+}
+impl SoleKeyPart for usize {}
+
+impl<T: KeyPart> KeyPart for [T] {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        encoder.list(|nested| self.iter().try_for_each(|item| item.encode_key_part(nested)))
+    }
+}
+impl<T: KeyPart> SoleKeyPart for [T] {}
+
+impl<T: KeyPart> KeyPart for Vec<T> {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        self.as_slice().encode_key_part(encoder)
+    }
+}
+impl<T: KeyPart> SoleKeyPart for Vec<T> {}
+
+mod chrono_parts {
+    use super::{KeyEncoder, KeyPart, MissingValue, SoleKeyPart};
+    use chrono::{DateTime, Datelike, NaiveDate, NaiveDateTime, TimeZone};
+
+    fn nanos(seconds: i64, subsec_nanos: u32) -> i128 {
+        i128::from(seconds) * 1_000_000_000 + i128::from(subsec_nanos)
+    }
+
+    /// An instant: equal instants in different time zones encode alike.
+    impl<Tz: TimeZone> KeyPart for DateTime<Tz> {
+        fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+            encoder.instant_nanos(nanos(self.timestamp(), self.timestamp_subsec_nanos()));
+            Ok(())
+        }
+    }
+
+    /// A wall-clock time read as UTC.
+    impl KeyPart for NaiveDateTime {
+        fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+            self.and_utc().encode_key_part(encoder)
+        }
+    }
+
+    impl KeyPart for NaiveDate {
+        fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+            encoder.date(self.year(), self.month(), self.day());
+            Ok(())
+        }
+    }
+    /// A calendar date names a business period (a daily report), unlike a bare instant.
+    impl SoleKeyPart for NaiveDate {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(parts: &[&dyn KeyPart]) -> String {
+        key_of(parts).unwrap().to_string()
+    }
+
+    #[test]
+    fn encoding_is_length_prefixed_and_typed() {
+        let builder = KeyBuilder::new().part("a", "ab").unwrap().part("b", &7_u8).unwrap();
+        assert_eq!(
+            builder.encoding(),
+            b"idem:v1\x00\x00\x00\x02s\x00\x00\x00\x02abi\x00\x00\x00\x017".to_vec()
+        );
+    }
+
+    #[test]
+    fn separators_inside_values_do_not_collide() {
+        assert_ne!(key(&[&"a_b", &"c"]), key(&[&"a", &"b_c"]));
+        assert_ne!(key(&[&"ab"]), key(&[&"a", &"b"]));
+        assert_ne!(key(&[&vec!["a", "b"]]), key(&[&"a", &"b"]));
+    }
+
+    #[test]
+    fn types_are_tagged() {
+        assert_ne!(key(&[&"1"]), key(&[&1_i32]));
+        assert_ne!(key(&[&"true"]), key(&[&true]));
+    }
+
+    #[test]
+    fn integer_widths_agree() {
+        assert_eq!(key(&[&42_i32]), key(&[&42_u64]));
+        assert_eq!(key(&[&-1_i8]), key(&[&-1_i128]));
+        assert_eq!(key(&[&u128::MAX]), key(&[&u128::MAX]));
+    }
+
+    #[test]
+    fn order_matters() {
+        assert_ne!(key(&[&"a", &"b"]), key(&[&"b", &"a"]));
+    }
+
+    #[test]
+    fn none_is_an_error_naming_the_field() {
+        let missing: Option<&str> = None;
+        let err = KeyBuilder::new().part("customer.id", &missing).unwrap_err();
+        assert_eq!(err, KeyError::MissingValue { field: "customer.id" });
+        assert_eq!(key(&[&Some("x")]), key(&[&"x"]));
+    }
+
+    #[test]
+    fn keys_are_version_8_uuids() {
+        let uuid = key_of(&[&"order-1"]).unwrap().as_uuid();
+        assert_eq!(uuid.get_version_num(), 8);
+        assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122);
+    }
+
+        #[test]
+    fn equal_instants_in_other_zones_agree() {
+        use chrono::{FixedOffset, TimeZone, Utc};
+        let utc = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
+        let plus2 = FixedOffset::east_opt(7200).unwrap().with_ymd_and_hms(2024, 5, 1, 14, 0, 0).unwrap();
+        assert_eq!(key(&[&utc]), key(&[&plus2]));
+    }
+
+    /// The vectors published in the module docs (and in the README).
+    #[test]
+    fn published_test_vectors() {
+        use chrono::{TimeZone, Utc};
+        let instant = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
+        let uuid = Uuid::parse_str("67e55044-10b1-426f-9247-bb680e5fe0c8").unwrap();
+        let list = vec!["a", "b"];
+        let vectors: &[(&[&dyn KeyPart], &str)] = &[
+            (&[&"order-1", &"paid"], "804192a5-97d2-8f62-9aa5-941e1b1f8c6f"),
+            (&[&42_u16], "1b2737e7-042d-8386-a0ca-ba27dd08e7ce"),
+            (&[&-7_i64, &true], "fe903395-f82a-858b-8557-c7929c9b2104"),
+            (&[&uuid], "1bec8415-b00e-8060-8dbe-924fb9dc4bd1"),
+            (&[&"order-1", &instant], "2118130b-707b-8234-abd6-fd25a4c6adf1"),
+            (&[&list], "15ea568c-a614-86dd-aa31-6f678aeac200"),
+        ];
+        for (parts, expected) in vectors {
+            assert_eq!(key(parts), *expected);
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! Idempotent message handlers over PostgreSQL.
+//!
+//! `#[idempotent]` rewrites an async handler so that every delivery of the same business
+//! fact has its effects applied exactly once, however often and however concurrently the
+//! message arrives:
+//!
+//! ```no_run
+//! use idem_runtime::{idempotent, Idem, Outcome};
+//! use sqlx::PgConnection;
+//!
+//! struct OrderEvent {
+//!     order_id: String,
+//!     event_type: String,
+//!     amount_cents: i64,
+//! }
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Receipt {
+//!     payment_id: i64,
+//! }
+//!
+//! #[idempotent(key = "order_id, event_type", fingerprint = "amount_cents")]
+//! async fn apply_payment(tx: &mut PgConnection, event: &OrderEvent) -> Result<Receipt, sqlx::Error> {
+//!     let payment_id = sqlx::query_scalar(
+//!         "INSERT INTO payments (order_id, amount_cents) VALUES ($1, $2) RETURNING id",
+//!     )
+//!     .bind(&event.order_id)
+//!     .bind(event.amount_cents)
+//!     .fetch_one(&mut *tx)
+//!     .await?;
+//!     Ok(Receipt { payment_id })
+//! }
+//!
+//! # async fn consume(idem: &Idem, event: &OrderEvent) -> Result<(), idem_runtime::Error<sqlx::Error>> {
+//! // Called with the runtime handle in place of the connection:
+//! match apply_payment(idem, event).await? {
+//!     Outcome::Executed(receipt) => println!("paid: {}", receipt.payment_id),
+//!     Outcome::Duplicate(receipt) => println!("already paid: {:?}", receipt.map(|r| r.payment_id)),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # What the attribute generates
+//!
+//! The handler above is equivalent to this code written without the attribute:
+//!
+//! ```no_run
+//! # use idem_runtime::{Idem, Outcome, Error, key::KeyBuilder, handler::{HandlerSpec, JsonResult}};
+//! # use sqlx::PgConnection;
+//! # struct OrderEvent { order_id: String, event_type: String, amount_cents: i64 }
+//! # #[derive(serde::Serialize, serde::Deserialize)] struct Receipt { payment_id: i64 }
+//! async fn apply_payment(idem: &Idem, event: &OrderEvent) -> Result<Outcome<Receipt>, Error<sqlx::Error>> {
+//!     const SPEC: HandlerSpec = HandlerSpec { scope: "apply_payment", max_attempts: None };
+//!     let key = KeyBuilder::new()
+//!         .part("order_id", &event.order_id)?
+//!         .part("event_type", &event.event_type)?
+//!         .finish();
+//!     let fingerprint = KeyBuilder::new().part("amount_cents", &event.amount_cents)?.digest();
+//!     idem_runtime::transactional::run(idem, &SPEC, key, Some(fingerprint), JsonResult,
+//!         async |tx: &mut PgConnection| -> Result<Receipt, sqlx::Error> {
+//!             // the original body, unchanged
+//!             # todo!()
+//!         },
+//!     )
+//!     .await
+//! }
+//! ```
+//!
+//! - The first parameter (`tx: &mut PgConnection`) becomes `&Idem`; the other parameters
+//!   stay. The message is the second parameter; its fields named in `key` are checked at
+//!   compile time.
+//! - The return type `Result<T, E>` becomes [`Handled<Result<T, E>>`](Handled), that is
+//!   `Result<Outcome<T>, Error<E>>`.
+//! - The body runs as written (`?` and `return` behave as in the original function) on
+//!   the transaction's connection, and may run again after a serialization failure or a
+//!   deadlock rolled an earlier run back; so it must not move out of its parameters.
+//!
+//! # Attribute arguments
+//!
+//! | argument | meaning |
+//! |----------|---------|
+//! | `key = "a, b.c"` | **required**: the message fields (paths) that identify the business fact, in order |
+//! | `scope = "name"` | the handler's stable identity in the status table; default: the function's name. Renaming the function changes the default scope, and old keys no longer match: set `scope` before renaming |
+//! | `fingerprint = "x, y"` | payload fields compared on every duplicate: the same key with other values is [`Error::PayloadMismatch`] |
+//! | `max_attempts = 3` | failed attempts before the key is parked (default: the runtime's, 5) |
+//! | `store_result = false` | do not store the result; duplicates get `Outcome::Duplicate(None)` and the result type need not be serde |
+//! | `crate = "path"` | where `idem_runtime` is, when the dependency is renamed |
+//!
+//! # Guarantees
+//!
+//! - Effects written through the handler's connection are applied exactly once per
+//!   `(scope, key)`: the claim, the effects and the `success` commit together.
+//! - A concurrent delivery of the same key waits for the first one's transaction, then
+//!   sees `success` (a duplicate) or, if it failed, retries. It waits at most the lock
+//!   timeout, then returns [`Error::InProgress`].
+//! - A handler error rolls the effects back and records `failed`, the error text and the
+//!   attempts; after `max_attempts` the key is parked.
+//! - A dropped future (a cancelled task, a timeout) rolls its transaction back: no claim
+//!   is left behind.
+//! - Effects outside the database (HTTP calls, e-mails) are *not* covered: they may repeat
+//!   when a transaction rolls back after them.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod config;
+mod handle;
+pub mod handler;
+pub mod key;
+mod outcome;
+pub mod store;
+pub mod transactional;
+
+pub use config::{Config, ConfigError};
+pub use handle::{Idem, IdemBuilder, MIGRATOR};
+pub use idem_macros::{KeyPart, idempotent};
+pub use key::{IdempotencyKey, KeyError};
+pub use outcome::{Disposition, Error, Handled, HandlerError, HandlerResult, Outcome};
+
+/// What the code generated by `#[idempotent]` and `#[derive(KeyPart)]` refers to.
+/// Not a public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::handler::{HandlerSpec, JsonResult, NoResult};
+    pub use crate::key::{KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart};
+    pub use crate::transactional::run as run_transactional;
+    pub use crate::{Error, Handled, HandlerResult, Idem, IdempotencyKey, Outcome};
+    pub use sqlx::PgConnection;
+
+    /// Requires the handler's return type to be a `Result` whose error is a
+    /// [`HandlerError`](crate::HandlerError) and whose value `codec` can store.
+    pub fn check_handler_result<R, C>(_codec: &C)
+    where
+        R: HandlerResult,
+        R::Error: crate::HandlerError,
+        C: crate::handler::ResultCodec<R::Value>,
+    {
+    }
+
+    /// Fixes the output type of the handler's body, so that `?` in it converts errors.
+    pub fn handler_body<R, F: core::future::Future<Output = R>>(body: F) -> F {
+        body
+    }
+
+    /// Requires a key of one part not to be a bare timestamp.
+    pub fn sole_key_part<T: SoleKeyPart + ?Sized>(value: &T) -> &T {
+        value
+    }
+}

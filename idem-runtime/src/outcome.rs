@@ -1,0 +1,207 @@
+//! What a call of an idempotent handler returns.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use crate::key::{IdempotencyKey, KeyError};
+
+/// The successful result of delivering a message to an idempotent handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome<T> {
+    /// The body ran and its effects are committed together with the key's `success`.
+    Executed(T),
+    /// The key had already succeeded: the body did not run.
+    ///
+    /// Carries the result stored by the execution that succeeded, or `None` where the
+    /// handler stores none (`store_result = false`).
+    Duplicate(Option<T>),
+}
+
+impl<T> Outcome<T> {
+    /// Whether this delivery ran the body.
+    pub fn is_executed(&self) -> bool {
+        matches!(self, Outcome::Executed(_))
+    }
+
+    /// Whether this delivery was a duplicate of a key that had already succeeded.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Outcome::Duplicate(_))
+    }
+
+    /// The handler's value: fresh, or replayed from the status table.
+    pub fn into_value(self) -> Option<T> {
+        match self {
+            Outcome::Executed(value) => Some(value),
+            Outcome::Duplicate(value) => value,
+        }
+    }
+}
+
+/// What a consumer should do with a message whose delivery returned an [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Deliver it again later: the failure is recorded or transient, and a retry can succeed.
+    Retry,
+    /// Retrying cannot help (bad key, mismatched payload, parked key): move it aside, for
+    /// example to a dead-letter table, and go on.
+    DeadLetter,
+}
+
+/// Why a delivery did not end in an [`Outcome`].
+#[derive(Debug, thiserror::Error)]
+pub enum Error<E> {
+    /// The handler returned an error. Its effects were rolled back and the failure was
+    /// recorded (`failed`, the error text, the attempt count); the next delivery retries.
+    #[error("handler failed (attempt {attempts}): {source}")]
+    Handler {
+        /// The handler's error.
+        source: E,
+        /// Failed attempts recorded for the key, this one included (0 if recording failed).
+        attempts: u32,
+        /// Whether this failure used up `max_attempts` and parked the key.
+        parked: bool,
+    },
+    /// The key has failed `max_attempts` times and is parked: the body no longer runs
+    /// until the key is reset with [`Idem::reset`](crate::Idem::reset).
+    #[error("key {key} is parked after {attempts} failed attempts; last error: {last_error}")]
+    Parked {
+        /// The parked key.
+        key: IdempotencyKey,
+        /// Failed attempts recorded.
+        attempts: u32,
+        /// The last recorded error text.
+        last_error: String,
+    },
+    /// Another delivery of the key is being processed (its claim is held longer than the
+    /// lock timeout, or its lease is live). Retry later.
+    #[error("key {key} is being processed by another delivery")]
+    InProgress {
+        /// The contended key.
+        key: IdempotencyKey,
+    },
+    /// The key was seen before with a different payload fingerprint: two different facts
+    /// derived the same key, or a producer reused a key. The body did not run.
+    #[error("key {key} was first recorded with a different payload")]
+    PayloadMismatch {
+        /// The key.
+        key: IdempotencyKey,
+    },
+    /// The key could not be derived from the message.
+    #[error("cannot derive the idempotency key: {0}")]
+    Key(#[from] KeyError),
+    /// The stored result of a duplicate could not be read back as the handler's type.
+    #[error("the stored result of key {key} does not decode as the handler's result type: {source}")]
+    StoredResult {
+        /// The key.
+        key: IdempotencyKey,
+        /// The decoding error.
+        source: serde_json::Error,
+    },
+    /// The handler's result could not be encoded for storage.
+    #[error("the handler's result cannot be stored: {0}")]
+    ResultEncoding(serde_json::Error),
+    /// PostgreSQL failed (connection lost, commit failed, ...). Whether a commit that
+    /// failed took effect is unknown; the next delivery finds out through the status table.
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+}
+
+impl<E> Error<E> {
+    /// What a consumer should do with the message.
+    pub fn disposition(&self) -> Disposition {
+        match self {
+            Error::Handler { parked: true, .. }
+            | Error::Parked { .. }
+            | Error::PayloadMismatch { .. }
+            | Error::Key(_)
+            | Error::StoredResult { .. }
+            | Error::ResultEncoding(_) => Disposition::DeadLetter,
+            Error::Handler { parked: false, .. } | Error::InProgress { .. } | Error::Database(_) => {
+                Disposition::Retry
+            }
+        }
+    }
+}
+
+impl<E> From<sqlx::Error> for Error<E> {
+    fn from(error: sqlx::Error) -> Self {
+        Error::Database(error)
+    }
+}
+
+/// The return type of a handler rewritten by `#[idempotent]`, for a handler declared to
+/// return `R = Result<T, E>`: `Result<Outcome<T>, Error<E>>`.
+pub type Handled<R> =
+    Result<Outcome<<R as HandlerResult>::Value>, Error<<R as HandlerResult>::Error>>;
+
+/// The return type of an `#[idempotent]` handler body: a `Result`.
+#[diagnostic::on_unimplemented(
+    message = "an #[idempotent] handler must return a `Result`, not `{Self}`",
+    label = "the body's error decides between committing and recording a failure",
+    note = "declare the handler as `-> Result<T, E>`, with `E: std::error::Error`"
+)]
+pub trait HandlerResult {
+    /// The value of a successful body.
+    type Value;
+    /// The error of a failed body.
+    type Error;
+}
+
+impl<T, E> HandlerResult for Result<T, E> {
+    type Value = T;
+    type Error = E;
+}
+
+/// The error of an `#[idempotent]` handler body.
+///
+/// Implemented for every `std::error::Error + 'static` (a `thiserror` enum, `sqlx::Error`,
+/// `std::io::Error`, ...). The runtime records its text, with its sources, as the key's
+/// `last_error`, and retries the body when a source is a PostgreSQL serialization failure
+/// or deadlock.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the error of an #[idempotent] handler",
+    label = "the handler's error type must implement `std::error::Error + 'static`",
+    note = "derive it with `thiserror`; a `Box<dyn Error>` or `anyhow::Error` can be wrapped in a newtype that implements `std::error::Error`"
+)]
+pub trait HandlerError {
+    /// The error as a `std::error::Error`, to walk its sources.
+    fn as_std_error(&self) -> &(dyn StdError + 'static);
+}
+
+impl<E: StdError + 'static> HandlerError for E {
+    fn as_std_error(&self) -> &(dyn StdError + 'static) {
+        self
+    }
+}
+
+/// The error and its sources, `: `-separated, as recorded in `last_error`.
+pub(crate) fn error_chain(error: &(dyn StdError + 'static)) -> String {
+    struct Chain<'a>(&'a (dyn StdError + 'static));
+    impl fmt::Display for Chain<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "{}", self.0)?;
+            let mut source = self.0.source();
+            while let Some(error) = source {
+                write!(f, ": {error}")?;
+                source = error.source();
+            }
+            Ok(())
+        }
+    }
+    Chain(error).to_string()
+}
+
+/// Whether `error` or one of its sources is a PostgreSQL serialization failure (`40001`)
+/// or deadlock (`40P01`): the transaction can be retried as a whole.
+pub(crate) fn is_transient(error: &(dyn StdError + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
+            if matches!(db.code().as_deref(), Some("40001" | "40P01")) {
+                return true;
+            }
+        }
+        current = error.source();
+    }
+    false
+}

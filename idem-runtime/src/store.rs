@@ -1,0 +1,304 @@
+//! The status table: its statements, rows and the reads and writes outside a handler.
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, PgConnection, Row};
+use uuid::Uuid;
+
+use crate::config::Config;
+use crate::key::IdempotencyKey;
+
+/// The status of a key in the status table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Lease mode: a worker holds the key until its lease expires.
+    Processing,
+    /// The handler succeeded; the key is final.
+    Success,
+    /// The last attempt failed; the next delivery retries.
+    Failed,
+    /// `max_attempts` attempts failed; no retry until [`Idem::reset`](crate::Idem::reset).
+    Parked,
+}
+
+impl Status {
+    fn parse(text: &str) -> Result<Self, sqlx::Error> {
+        match text {
+            "processing" => Ok(Status::Processing),
+            "success" => Ok(Status::Success),
+            "failed" => Ok(Status::Failed),
+            "parked" => Ok(Status::Parked),
+            other => Err(sqlx::Error::Decode(
+                format!("unknown idem status {other:?}").into(),
+            )),
+        }
+    }
+}
+
+/// A row of the status table, as [`Idem::record`](crate::Idem::record) returns it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyRecord {
+    /// The handler's scope.
+    pub scope: String,
+    /// The idempotency key.
+    pub key: IdempotencyKey,
+    /// Where the key stands.
+    pub status: Status,
+    /// Executions of the body (failed ones, plus the successful one).
+    pub attempts: u32,
+    /// The last recorded error text.
+    pub last_error: Option<String>,
+    /// The stored result (JSON).
+    pub result: Option<serde_json::Value>,
+    /// When the key was first recorded.
+    pub created_at: DateTime<Utc>,
+    /// When the key last changed.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl<'r> FromRow<'r, PgRow> for KeyRecord {
+    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
+        Ok(KeyRecord {
+            scope: row.try_get("scope")?,
+            key: IdempotencyKey::from_uuid(row.try_get("key")?),
+            status: Status::parse(row.try_get("status")?)?,
+            attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
+            last_error: row.try_get("last_error")?,
+            result: row.try_get("result")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+        })
+    }
+}
+
+/// The existing row that a claim ran into.
+#[derive(Debug)]
+pub(crate) struct Existing {
+    pub status: Status,
+    pub attempts: u32,
+    pub fingerprint: Option<Vec<u8>>,
+    pub result: Option<serde_json::Value>,
+    pub last_error: Option<String>,
+}
+
+/// What the claim statement found.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    /// This transaction inserted (or took over) the key.
+    Won,
+    /// The key exists; it is not ours.
+    Existing(Existing),
+    /// The key was committed by a transaction this statement waited for; read it again.
+    Raced,
+}
+
+fn existing(row: &PgRow) -> Result<Existing, sqlx::Error> {
+    Ok(Existing {
+        status: Status::parse(row.try_get("status")?)?,
+        attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
+        fingerprint: row.try_get("fingerprint")?,
+        result: row.try_get("result")?,
+        last_error: row.try_get("last_error")?,
+    })
+}
+
+/// The SQL of one configured status table, built once per runtime handle.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub begin: String,
+    claim: String,
+    read: String,
+    retake: String,
+    restore_lock_timeout: &'static str,
+    store_result: String,
+    record_failure: String,
+    record: String,
+    reset: String,
+}
+
+impl Statements {
+    pub fn new(config: &Config) -> Self {
+        let table = format!("{}.idem_keys", config.schema);
+        let lock_timeout_ms = config.lock_timeout.as_millis().max(1);
+        Statements {
+            // One round trip: open the transaction, remember the session's lock timeout and
+            // bound how long the claim may wait behind an in-flight claim of the same key.
+            begin: format!(
+                "BEGIN; SELECT set_config('idem.saved_lock_timeout', current_setting('lock_timeout'), true); \
+                 SET LOCAL lock_timeout = '{lock_timeout_ms}ms'"
+            ),
+            // Claim, or read the row that is in the way, in one statement. The winner's row
+            // restores the session's lock timeout for the handler's own statements.
+            claim: format!(
+                "WITH claimed AS ( \
+                    INSERT INTO {table} AS k (scope, key, status, attempts, fingerprint) \
+                    VALUES ($1, $2, 'success', 1, $3) \
+                    ON CONFLICT (scope, key) DO NOTHING \
+                    RETURNING k.attempts) \
+                 SELECT true AS won, NULL::text AS status, attempts, NULL::bytea AS fingerprint, \
+                        NULL::jsonb AS result, NULL::text AS last_error, \
+                        set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true) AS restored \
+                 FROM claimed \
+                 UNION ALL \
+                 SELECT false, k.status, k.attempts, k.fingerprint, k.result, k.last_error, NULL \
+                 FROM {table} k \
+                 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)"
+            ),
+            read: format!(
+                "SELECT status, attempts, fingerprint, result, last_error FROM {table} \
+                 WHERE scope = $1 AND key = $2"
+            ),
+            // Take over a failed key: the row lock makes concurrent retries queue up, and a
+            // retry that waited re-checks the status it then finds.
+            retake: format!(
+                "UPDATE {table} SET status = 'success', attempts = attempts + 1, updated_at = now() \
+                 WHERE scope = $1 AND key = $2 AND status = 'failed' \
+                 RETURNING attempts"
+            ),
+            restore_lock_timeout: "SELECT set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true)",
+            store_result: format!("UPDATE {table} SET result = $3 WHERE scope = $1 AND key = $2"),
+            // After the handler's transaction rolled back. Never overwrites a success (or a
+            // parked key) that another delivery wrote meanwhile.
+            record_failure: format!(
+                "INSERT INTO {table} AS k (scope, key, status, attempts, fingerprint, last_error) \
+                 VALUES ($1, $2, CASE WHEN $5 <= 1 THEN 'parked' ELSE 'failed' END, 1, $3, $4) \
+                 ON CONFLICT (scope, key) DO UPDATE \
+                 SET attempts = k.attempts + 1, \
+                     status = CASE WHEN k.attempts + 1 >= $5 THEN 'parked' ELSE 'failed' END, \
+                     last_error = EXCLUDED.last_error, updated_at = now() \
+                 WHERE k.status = 'failed' \
+                 RETURNING attempts, status"
+            ),
+            record: format!(
+                "SELECT scope, key, status, attempts, last_error, result, created_at, updated_at \
+                 FROM {table} WHERE scope = $1 AND key = $2"
+            ),
+            reset: format!(
+                "UPDATE {table} SET status = 'failed', attempts = 0, updated_at = now() \
+                 WHERE scope = $1 AND key = $2 AND status IN ('failed', 'parked')"
+            ),
+        }
+    }
+
+    pub async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        fingerprint: Option<&[u8]>,
+    ) -> Result<Claim, sqlx::Error> {
+        let row = sqlx::query(&self.claim)
+            .bind(scope)
+            .bind(key)
+            .bind(fingerprint)
+            .fetch_optional(conn)
+            .await?;
+        match row {
+            None => Ok(Claim::Raced),
+            Some(row) if row.try_get::<bool, _>("won")? => Ok(Claim::Won),
+            Some(row) => existing(&row).map(Claim::Existing),
+        }
+    }
+
+    pub async fn read(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+    ) -> Result<Option<Existing>, sqlx::Error> {
+        let row = sqlx::query(&self.read)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(conn)
+            .await?;
+        row.as_ref().map(existing).transpose()
+    }
+
+    /// Takes over a `failed` key; `false` when it is no longer `failed`.
+    pub async fn retake(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+    ) -> Result<bool, sqlx::Error> {
+        let row = sqlx::query(&self.retake)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?;
+        if row.is_some() {
+            sqlx::query(self.restore_lock_timeout).execute(conn).await?;
+        }
+        Ok(row.is_some())
+    }
+
+    pub async fn store_result(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        result: &serde_json::Value,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(&self.store_result)
+            .bind(scope)
+            .bind(key)
+            .bind(result)
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Records a failed attempt; returns the attempts and whether the key is now parked,
+    /// or `None` when another delivery had already finished the key.
+    pub async fn record_failure(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        fingerprint: Option<&[u8]>,
+        error: &str,
+        max_attempts: u32,
+    ) -> Result<Option<(u32, bool)>, sqlx::Error> {
+        let row = sqlx::query(&self.record_failure)
+            .bind(scope)
+            .bind(key)
+            .bind(fingerprint)
+            .bind(error)
+            .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| {
+            let attempts = u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0);
+            let parked = row.try_get::<&str, _>("status")? == "parked";
+            Ok((attempts, parked))
+        })
+        .transpose()
+    }
+
+    pub async fn record(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+    ) -> Result<Option<KeyRecord>, sqlx::Error> {
+        sqlx::query_as(&self.record)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(conn)
+            .await
+    }
+
+    pub async fn reset(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(&self.reset)
+            .bind(scope)
+            .bind(key)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}

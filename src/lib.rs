@@ -1,0 +1,3 @@
+//! Support code shared by idem's examples, integration tests and benchmarks.
+
+pub mod orders;
