@@ -106,6 +106,7 @@ pub mod config;
 mod handle;
 pub mod handler;
 pub mod key;
+pub mod lease;
 mod outcome;
 pub mod store;
 pub mod transactional;
@@ -122,6 +123,7 @@ pub use outcome::{Disposition, Error, Handled, HandlerError, HandlerResult, Outc
 pub mod __private {
     pub use crate::handler::{HandlerSpec, JsonResult, NoResult};
     pub use crate::key::{KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart};
+    pub use crate::lease::{Lease, run as run_lease};
     pub use crate::transactional::run as run_transactional;
     pub use crate::{Error, Handled, HandlerResult, Idem, IdempotencyKey, Outcome};
     pub use sqlx::PgConnection;

@@ -86,6 +86,14 @@ pub enum Error<E> {
         /// The key.
         key: IdempotencyKey,
     },
+    /// Lease mode: this worker's lease expired and another worker claimed the key before
+    /// this one completed; its outcome was not recorded. The effect may have run twice,
+    /// which is what the lease's fencing token is for.
+    #[error("the lease on key {key} was lost before the handler completed; its outcome was not recorded")]
+    LeaseLost {
+        /// The key.
+        key: IdempotencyKey,
+    },
     /// The key could not be derived from the message.
     #[error("cannot derive the idempotency key: {0}")]
     Key(#[from] KeyError),
@@ -116,9 +124,10 @@ impl<E> Error<E> {
             | Error::Key(_)
             | Error::StoredResult { .. }
             | Error::ResultEncoding(_) => Disposition::DeadLetter,
-            Error::Handler { parked: false, .. } | Error::InProgress { .. } | Error::Database(_) => {
-                Disposition::Retry
-            }
+            Error::Handler { parked: false, .. }
+            | Error::InProgress { .. }
+            | Error::LeaseLost { .. }
+            | Error::Database(_) => Disposition::Retry,
         }
     }
 }

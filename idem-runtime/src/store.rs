@@ -1,5 +1,7 @@
 //! The status table: its statements, rows and the reads and writes outside a handler.
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, Row};
@@ -102,6 +104,19 @@ fn existing(row: &PgRow) -> Result<Existing, sqlx::Error> {
     })
 }
 
+/// What a lease claim found.
+#[derive(Debug)]
+pub(crate) enum LeaseClaim {
+    /// This worker holds the lease; `attempt` counts this execution.
+    Won { attempt: u32 },
+    /// The key exists and is not claimable now.
+    Existing(Existing),
+}
+
+fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// The SQL of one configured status table, built once per runtime handle.
 #[derive(Debug)]
 pub(crate) struct Statements {
@@ -114,6 +129,12 @@ pub(crate) struct Statements {
     record_failure: String,
     record: String,
     reset: String,
+    claim_lease: String,
+    read_lease: String,
+    park_expired: String,
+    extend_lease: String,
+    complete_lease: String,
+    fail_lease: String,
 }
 
 impl Statements {
@@ -176,6 +197,47 @@ impl Statements {
             reset: format!(
                 "UPDATE {table} SET status = 'failed', attempts = 0, updated_at = now() \
                  WHERE scope = $1 AND key = $2 AND status IN ('failed', 'parked')"
+            ),
+            // Lease mode. Expiry is computed and compared on the database's clock only.
+            claim_lease: format!(
+                "INSERT INTO {table} AS k \
+                    (scope, key, status, attempts, fingerprint, lease_owner, lease_expires_at) \
+                 VALUES ($1, $2, 'processing', 1, $3, $4, now() + $5 * interval '1 millisecond') \
+                 ON CONFLICT (scope, key) DO UPDATE \
+                 SET status = 'processing', attempts = k.attempts + 1, \
+                     lease_owner = EXCLUDED.lease_owner, lease_expires_at = EXCLUDED.lease_expires_at, \
+                     updated_at = now() \
+                 WHERE (k.status = 'failed' \
+                        OR (k.status = 'processing' AND k.lease_expires_at <= now() AND k.attempts < $6)) \
+                   AND (k.fingerprint IS NULL OR EXCLUDED.fingerprint IS NULL \
+                        OR k.fingerprint = EXCLUDED.fingerprint) \
+                 RETURNING k.attempts"
+            ),
+            read_lease: format!(
+                "SELECT status, attempts, fingerprint, result, last_error, \
+                        coalesce(lease_expires_at <= now(), false) AS expired \
+                 FROM {table} WHERE scope = $1 AND key = $2"
+            ),
+            // A lease that expired as often as `max_attempts` allows: its worker keeps dying.
+            park_expired: format!(
+                "UPDATE {table} SET status = 'parked', lease_expires_at = NULL, updated_at = now(), \
+                     last_error = coalesce(last_error, 'the lease expired before the handler completed') \
+                 WHERE scope = $1 AND key = $2 AND status = 'processing' AND lease_expires_at <= now() \
+                 RETURNING attempts, last_error"
+            ),
+            extend_lease: format!(
+                "UPDATE {table} SET lease_expires_at = now() + $4 * interval '1 millisecond', updated_at = now() \
+                 WHERE scope = $1 AND key = $2 AND lease_owner = $3 AND status = 'processing'"
+            ),
+            complete_lease: format!(
+                "UPDATE {table} SET status = 'success', result = $4, lease_expires_at = NULL, updated_at = now() \
+                 WHERE scope = $1 AND key = $2 AND lease_owner = $3 AND status = 'processing'"
+            ),
+            fail_lease: format!(
+                "UPDATE {table} SET status = CASE WHEN attempts >= $5 THEN 'parked' ELSE 'failed' END, \
+                     last_error = $4, lease_expires_at = NULL, updated_at = now() \
+                 WHERE scope = $1 AND key = $2 AND lease_owner = $3 AND status = 'processing' \
+                 RETURNING attempts, status"
             ),
         }
     }
@@ -300,5 +362,121 @@ impl Statements {
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// Claims `key` under a lease, or reads the row that is in the way.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn claim_lease(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        fingerprint: Option<&[u8]>,
+        token: Uuid,
+        lease: Duration,
+        max_attempts: u32,
+    ) -> Result<LeaseClaim, sqlx::Error> {
+        let won = sqlx::query(&self.claim_lease)
+            .bind(scope)
+            .bind(key)
+            .bind(fingerprint)
+            .bind(token)
+            .bind(millis(lease))
+            .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+            .fetch_optional(&mut *conn)
+            .await?;
+        if let Some(row) = won {
+            let attempt = u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0);
+            return Ok(LeaseClaim::Won { attempt });
+        }
+        let Some(row) = sqlx::query(&self.read_lease)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(&mut *conn)
+            .await?
+        else {
+            // Purged between the two statements: an empty table again.
+            return Box::pin(self.claim_lease(conn, scope, key, fingerprint, token, lease, max_attempts)).await;
+        };
+        let mut existing = existing(&row)?;
+        if existing.status == Status::Processing && row.try_get::<bool, _>("expired")? {
+            // Expired, and not reclaimed above: it used up its attempts.
+            if let Some(row) = sqlx::query(&self.park_expired)
+                .bind(scope)
+                .bind(key)
+                .fetch_optional(conn)
+                .await?
+            {
+                existing.status = Status::Parked;
+                existing.attempts = u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0);
+                existing.last_error = row.try_get("last_error")?;
+            }
+        }
+        Ok(LeaseClaim::Existing(existing))
+    }
+
+    /// Moves the lease's expiry to `lease` from now; `false` when it is no longer ours.
+    pub async fn extend_lease(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        token: Uuid,
+        lease: Duration,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(&self.extend_lease)
+            .bind(scope)
+            .bind(key)
+            .bind(token)
+            .bind(millis(lease))
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Marks the key `success` if the lease is still ours; `false` when it is not.
+    pub async fn complete_lease(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        token: Uuid,
+        result: Option<&serde_json::Value>,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(&self.complete_lease)
+            .bind(scope)
+            .bind(key)
+            .bind(token)
+            .bind(result)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records a failure if the lease is still ours: the attempts and whether the key is
+    /// now parked, or `None` when the lease is lost.
+    pub async fn fail_lease(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        token: Uuid,
+        error: &str,
+        max_attempts: u32,
+    ) -> Result<Option<(u32, bool)>, sqlx::Error> {
+        let row = sqlx::query(&self.fail_lease)
+            .bind(scope)
+            .bind(key)
+            .bind(token)
+            .bind(error)
+            .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| {
+            let attempts = u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0);
+            let parked = row.try_get::<&str, _>("status")? == "parked";
+            Ok((attempts, parked))
+        })
+        .transpose()
     }
 }

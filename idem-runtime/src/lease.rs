@@ -1,0 +1,213 @@
+//! Lease mode: idempotent handlers whose effect is outside the database.
+//!
+//! A handler that calls a payment provider or sends an e-mail cannot run inside the
+//! database transaction that marks its key: the effect cannot be rolled back. In lease
+//! mode the key is claimed on its own, with a lease:
+//!
+//! 1. claim: the key becomes `processing` with an owner token and an expiry computed by
+//!    PostgreSQL (`now() + lease`), committed at once. A `failed` key, or a `processing`
+//!    key whose lease expired (its worker crashed), can be claimed again;
+//! 2. the body runs with a [`Lease`]: it carries the owner token (a fencing token to
+//!    hand to the external system) and can [`extend`](Lease::extend) the lease;
+//! 3. mark: `success` (with the result), or `failed` (with the error text), only where
+//!    the lease is still this worker's. A worker whose lease was taken over gets
+//!    [`Error::LeaseLost`] and its outcome is not recorded.
+//!
+//! A duplicate that arrives during a live lease gets [`Error::InProgress`]; after
+//! `success` it is a duplicate and the body does not run.
+//!
+//! **The guarantee is at-least-once, deduplicated.** A worker that crashes after the
+//! effect but before the mark leaves a lease that expires; the next delivery then runs
+//! the effect again. Pass [`Lease::token`] to the external system (as its idempotency
+//! key or fencing token) so that it can refuse the repeat. Expiry is compared on the
+//! database's clock only: no client clock takes part.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::Idem;
+use crate::handler::{HandlerSpec, ResultCodec};
+use crate::key::IdempotencyKey;
+use crate::outcome::{Error, HandlerError, Outcome, error_chain};
+use crate::store::{LeaseClaim, Status};
+
+/// The lease that a lease-mode handler holds on its key while its body runs.
+#[derive(Clone, Debug)]
+pub struct Lease {
+    inner: Arc<LeaseInner>,
+}
+
+#[derive(Debug)]
+struct LeaseInner {
+    idem: Idem,
+    scope: &'static str,
+    key: IdempotencyKey,
+    token: Uuid,
+    attempt: u32,
+}
+
+/// The lease is no longer held by this worker: it expired and another worker claimed
+/// the key, or the key was reset.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// Another worker holds the key now.
+    #[error("the lease on key {key} was lost: it expired and another worker claimed the key")]
+    Lost {
+        /// The key.
+        key: IdempotencyKey,
+    },
+    /// PostgreSQL failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+impl Lease {
+    /// The owner token of this claim: unique per claim, so an external system that
+    /// remembers the highest token it has seen (or the token it executed) can refuse a
+    /// stale worker.
+    pub fn token(&self) -> Uuid {
+        self.inner.token
+    }
+
+    /// The key the lease is on.
+    pub fn key(&self) -> IdempotencyKey {
+        self.inner.key
+    }
+
+    /// Which attempt this is (1 for the first execution).
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+
+    /// Extends the lease to `duration` from now (the database's now). Call it before the
+    /// lease runs out in long work; fails with [`LeaseError::Lost`] if the lease is gone.
+    pub async fn extend(&self, duration: Duration) -> Result<(), LeaseError> {
+        let inner = &self.inner;
+        let mut conn = inner.idem.pool().acquire().await?;
+        let extended = inner
+            .idem
+            .statements()
+            .extend_lease(&mut conn, inner.scope, inner.key.as_uuid(), inner.token, duration)
+            .await?;
+        if extended {
+            Ok(())
+        } else {
+            Err(LeaseError::Lost { key: inner.key })
+        }
+    }
+}
+
+/// Runs `body` under a lease on `key` in `spec.scope`: at most one worker at a time, at
+/// most once to success. This is what `#[idempotent(mode = "lease")]` generates a call of.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idem_runtime::{Idem, handler::{HandlerSpec, JsonResult}, key::KeyBuilder};
+///
+/// # async fn notify(idem: &Idem, order_id: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// const SPEC: HandlerSpec = HandlerSpec { scope: "send_receipt", max_attempts: None };
+/// let key = KeyBuilder::new().part("order_id", order_id)?.finish();
+/// let outcome = idem_runtime::lease::run(idem, &SPEC, key, None, JsonResult, Duration::from_secs(30), |lease| async move {
+///     // Pass lease.token() to the mail service as its idempotency key.
+///     Ok::<_, std::io::Error>(format!("sent with token {}", lease.token()))
+/// })
+/// .await?;
+/// # Ok(()) }
+/// ```
+pub async fn run<T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    key: IdempotencyKey,
+    fingerprint: Option<[u8; 32]>,
+    codec: C,
+    lease: Duration,
+    body: F,
+) -> Result<Outcome<T>, Error<E>>
+where
+    C: ResultCodec<T>,
+    E: HandlerError,
+    F: FnOnce(Lease) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let statements = idem.statements();
+    let scope = spec.scope;
+    let uuid = key.as_uuid();
+    let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);
+    let max_attempts = spec.max_attempts.unwrap_or(idem.config().max_attempts());
+    let token = Uuid::new_v4();
+
+    let mut conn = idem.pool().acquire().await?;
+    let attempt = match statements
+        .claim_lease(&mut conn, scope, uuid, fingerprint, token, lease, max_attempts)
+        .await?
+    {
+        LeaseClaim::Won { attempt } => attempt,
+        LeaseClaim::Existing(existing) => {
+            let mismatch = matches!((fingerprint, &existing.fingerprint), (Some(ours), Some(theirs)) if ours != theirs.as_slice());
+            if mismatch {
+                return Err(Error::PayloadMismatch { key });
+            }
+            return match existing.status {
+                Status::Success => codec
+                    .decode(existing.result)
+                    .map(Outcome::Duplicate)
+                    .map_err(|source| Error::StoredResult { key, source }),
+                Status::Parked => Err(Error::Parked {
+                    key,
+                    attempts: existing.attempts,
+                    last_error: existing.last_error.unwrap_or_default(),
+                }),
+                Status::Processing | Status::Failed => Err(Error::InProgress { key }),
+            };
+        }
+    };
+    // Not held while the body runs: the effect may take long.
+    drop(conn);
+
+    let guard = Lease {
+        inner: Arc::new(LeaseInner {
+            idem: idem.clone(),
+            scope,
+            key,
+            token,
+            attempt,
+        }),
+    };
+    let result = body(guard).await;
+
+    let mut conn = idem.pool().acquire().await?;
+    match result {
+        Ok(value) => {
+            let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;
+            if statements
+                .complete_lease(&mut conn, scope, uuid, token, stored.as_ref())
+                .await?
+            {
+                Ok(Outcome::Executed(value))
+            } else {
+                tracing::warn!(%key, scope, "lease lost before completion; the outcome was not recorded");
+                Err(Error::LeaseLost { key })
+            }
+        }
+        Err(error) => {
+            let text = error_chain(error.as_std_error());
+            match statements
+                .fail_lease(&mut conn, scope, uuid, token, &text, max_attempts)
+                .await?
+            {
+                Some((attempts, parked)) => Err(Error::Handler {
+                    source: error,
+                    attempts,
+                    parked,
+                }),
+                None => {
+                    tracing::warn!(%key, scope, error = %text, "lease lost before the failure was recorded");
+                    Err(Error::LeaseLost { key })
+                }
+            }
+        }
+    }
+}
