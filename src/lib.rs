@@ -1,3 +1,4 @@
 //! Support code shared by idem's examples, integration tests and benchmarks.
 
 pub mod orders;
+pub mod testing;
