@@ -5,7 +5,20 @@ use syn::meta::ParseNestedMeta;
 use syn::{Ident, LitBool, LitInt, LitStr, Path};
 
 /// Every argument the attribute accepts, for the "unknown argument" message.
-const VALID: &str = "`key`, `scope`, `fingerprint`, `max_attempts`, `store_result`, `crate`";
+const VALID: &str =
+    "`key`, `scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `crate`";
+
+/// How a handler's key is held while its body runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// In the body's own database transaction (the default).
+    Transaction,
+    /// Under a lease committed on its own, for effects outside the database.
+    Lease,
+}
+
+/// The lease of a lease-mode handler without `lease = "..."`.
+const DEFAULT_LEASE_MILLIS: u64 = 30_000;
 
 /// A field path of the message, such as `order.id`.
 pub struct FieldPath {
@@ -30,6 +43,8 @@ pub struct Args {
     pub max_attempts: Option<LitInt>,
     pub store_result: Option<LitBool>,
     pub krate: Option<Path>,
+    pub mode: Option<(Mode, LitStr)>,
+    pub lease: Option<(u64, LitStr)>,
     /// Errors found so far; they are all reported together.
     pub errors: Vec<syn::Error>,
 }
@@ -69,11 +84,61 @@ impl Args {
                     )),
                     Ok(_) => {}
                 }
-                set(&mut self.max_attempts, literal, span, &name, &mut self.errors);
+                set(
+                    &mut self.max_attempts,
+                    literal,
+                    span,
+                    &name,
+                    &mut self.errors,
+                );
             }
             "store_result" => {
                 let literal: LitBool = meta.value()?.parse()?;
-                set(&mut self.store_result, literal, span, &name, &mut self.errors);
+                set(
+                    &mut self.store_result,
+                    literal,
+                    span,
+                    &name,
+                    &mut self.errors,
+                );
+            }
+            "mode" => {
+                let literal: LitStr = meta.value()?.parse()?;
+                let mode = match literal.value().as_str() {
+                    "transaction" => Mode::Transaction,
+                    "lease" => Mode::Lease,
+                    other => {
+                        return Err(syn::Error::new(
+                            literal.span(),
+                            format!(
+                                "unknown mode {other:?}; expected \"transaction\" (the default: the body runs in the claim's database transaction) or \"lease\" (for effects outside the database)"
+                            ),
+                        ));
+                    }
+                };
+                set(
+                    &mut self.mode,
+                    (mode, literal),
+                    span,
+                    &name,
+                    &mut self.errors,
+                );
+            }
+            "lease" => {
+                let literal: LitStr = meta.value()?.parse()?;
+                let Some(millis) = parse_duration_millis(&literal.value()) else {
+                    return Err(syn::Error::new(
+                        literal.span(),
+                        "`lease` must be a duration such as \"500ms\", \"30s\", \"5m\" or \"1h\", greater than zero",
+                    ));
+                };
+                set(
+                    &mut self.lease,
+                    (millis, literal),
+                    span,
+                    &name,
+                    &mut self.errors,
+                );
             }
             "crate" => {
                 let literal: LitStr = meta.value()?.parse()?;
@@ -87,6 +152,28 @@ impl Args {
             }
         }
         Ok(())
+    }
+
+    /// The handler's mode; records an error for a `lease` without `mode = "lease"`.
+    pub fn mode(&mut self) -> Mode {
+        let mode = self
+            .mode
+            .as_ref()
+            .map_or(Mode::Transaction, |(mode, _)| *mode);
+        if let (Mode::Transaction, Some((_, literal))) = (mode, &self.lease) {
+            self.errors.push(syn::Error::new(
+                literal.span(),
+                "`lease` applies to lease-mode handlers only: add `mode = \"lease\"`",
+            ));
+        }
+        mode
+    }
+
+    /// The lease duration of a lease-mode handler, in milliseconds.
+    pub fn lease_millis(&self) -> u64 {
+        self.lease
+            .as_ref()
+            .map_or(DEFAULT_LEASE_MILLIS, |(millis, _)| *millis)
     }
 
     /// Parses a comma-separated list of field paths, recording what is wrong with it.
@@ -118,7 +205,11 @@ impl Args {
                 ));
                 continue;
             };
-            let text = idents.iter().map(Ident::to_string).collect::<Vec<_>>().join(".");
+            let text = idents
+                .iter()
+                .map(Ident::to_string)
+                .collect::<Vec<_>>()
+                .join(".");
             if paths.iter().any(|path| path.text == text) {
                 self.errors.push(syn::Error::new(
                     span,
@@ -135,7 +226,10 @@ impl Args {
 /// Stores an argument, or records that it was given twice.
 fn set<T>(slot: &mut Option<T>, value: T, span: Span, name: &str, errors: &mut Vec<syn::Error>) {
     if slot.is_some() {
-        errors.push(syn::Error::new(span, format!("`{name}` is given more than once")));
+        errors.push(syn::Error::new(
+            span,
+            format!("`{name}` is given more than once"),
+        ));
     } else {
         *slot = Some(value);
     }
@@ -161,4 +255,23 @@ fn parse_path(text: &str, span: Span) -> Option<Vec<Ident>> {
                 })
         })
         .collect()
+}
+
+/// `"500ms"`, `"30s"`, `"5m"`, `"1h"` as milliseconds; `None` if malformed or zero.
+fn parse_duration_millis(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(split);
+    let factor = match unit {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return None,
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(factor))
+        .filter(|millis| *millis > 0)
 }

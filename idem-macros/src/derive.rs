@@ -82,7 +82,9 @@ pub fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
 }
 
 fn bindings(fields: &Fields) -> Vec<syn::Ident> {
-    (0..fields.len()).map(|i| format_ident!("field_{}", i)).collect()
+    (0..fields.len())
+        .map(|i| format_ident!("field_{}", i))
+        .collect()
 }
 
 fn pattern(path: TokenStream, fields: &Fields, bindings: &[syn::Ident]) -> TokenStream {

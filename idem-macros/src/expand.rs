@@ -1,23 +1,27 @@
-//! Code generation of `#[idempotent]`: the rewritten handler calls
-//! `idem_runtime::__private::run_transactional` with its body as an async closure.
+//! Code generation of `#[idempotent]`: the rewritten handler derives its key and calls
+//! `idem_runtime::__private::run_transactional` (or `run_lease`) with its body as a closure.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, Pat, PatType, ReturnType, Type};
 
-use crate::attr::{Args, FieldList};
+use crate::attr::{Args, FieldList, Mode};
 
 /// The handler's parts that the expansion needs, once checked.
 struct Handler<'a> {
-    connection: &'a PatType,
+    /// The connection (transaction mode) or the lease guard (lease mode, optional).
+    context: Option<&'a PatType>,
+    /// The message parameter and its name.
+    message_param: &'a PatType,
     message: Ident,
     output: &'a Type,
 }
 
 /// Expands the attribute; every problem found is returned together.
 pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Error>> {
-    let handler = check_signature(item, &mut args.errors);
+    let mode = args.mode();
+    let handler = check_signature(item, mode, &mut args.errors);
     if args.key.is_none() {
         args.errors.push(syn::Error::new(
             Span::call_site(),
@@ -67,16 +71,27 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
     };
 
     let ItemFn {
-        attrs, vis, sig, block,
+        attrs,
+        vis,
+        sig,
+        block,
     } = item;
     let output = handler.output;
-    let connection_pat = &handler.connection.pat;
-    let connection_ty = &handler.connection.ty;
-    let inputs = sig.inputs.iter().map(|input| match input {
-        FnArg::Typed(typed) if std::ptr::eq(typed, handler.connection) => {
-            quote!(#idem: &#krate::Idem)
+    let is_context = |typed: &PatType| {
+        handler
+            .context
+            .is_some_and(|context| std::ptr::eq(typed, context))
+    };
+    // The connection or lease guard becomes the runtime handle; without a lease guard, the
+    // handle goes before the message.
+    let inputs = sig.inputs.iter().flat_map(|input| match input {
+        FnArg::Typed(typed) if is_context(typed) => vec![quote!(#idem: &#krate::Idem)],
+        FnArg::Typed(typed)
+            if handler.context.is_none() && std::ptr::eq(typed, handler.message_param) =>
+        {
+            vec![quote!(#idem: &#krate::Idem), typed.to_token_stream()]
         }
-        other => other.to_token_stream(),
+        other => vec![other.to_token_stream()],
     });
     let signature = {
         let (constness, asyncness, unsafety, abi, fn_token, ident, generics) = (
@@ -96,23 +111,80 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
     };
     // Locals of the generated code, invisible to the user's body.
     let [spec, derived, key, fingerprint, error, transaction, result] = [
-        "SPEC", "derived", "key", "fingerprint", "error", "transaction", "result",
+        "SPEC",
+        "derived",
+        "key",
+        "fingerprint",
+        "error",
+        "transaction",
+        "result",
     ]
     .map(|name| Ident::new(name, Span::mixed_site()));
-    // The body may run again after a transient failure, so it borrows owned parameters.
+    // A transactional body may run again after a transient failure, so it borrows owned
+    // parameters. A lease body runs once.
     let borrow_owned = sig.inputs.iter().filter_map(|input| match input {
-        FnArg::Typed(typed) if !std::ptr::eq(typed, handler.connection) => match (&*typed.pat, &*typed.ty) {
-            (Pat::Ident(pat), ty) if !matches!(ty, Type::Reference(_)) => {
-                let ident = &pat.ident;
-                Some(quote!(let #ident = &#ident;))
+        FnArg::Typed(typed) if mode == Mode::Transaction && !is_context(typed) => {
+            match (&*typed.pat, &*typed.ty) {
+                (Pat::Ident(pat), ty) if !matches!(ty, Type::Reference(_)) => {
+                    let ident = &pat.ident;
+                    Some(quote!(let #ident = &#ident;))
+                }
+                _ => None,
             }
-            _ => None,
-        },
+        }
         _ => None,
     });
     // Checks spanned on the return type, so that their errors point at it.
     let result_checks = quote_spanned! {output.span()=>
         #private::check_handler_result::<#output, _>(&#codec);
+    };
+
+    let call = match mode {
+        Mode::Transaction => {
+            let context = handler
+                .context
+                .expect("checked: transaction handlers take a connection");
+            let (connection_pat, connection_ty) = (&context.pat, &context.ty);
+            quote! {
+                #private::run_transactional(
+                    #idem,
+                    &#spec,
+                    #key,
+                    #fingerprint,
+                    #codec,
+                    move |mut #transaction| async move {
+                        let #result = {
+                            let #connection_pat: #connection_ty = &mut *#transaction;
+                            #private::handler_body::<#output, _>(async #block).await
+                        };
+                        (#transaction, #result)
+                    },
+                )
+                .await
+            }
+        }
+        Mode::Lease => {
+            let lease_millis = args.lease_millis();
+            let guard = handler.context.map(|context| {
+                let (lease_pat, lease_ty) = (&context.pat, &context.ty);
+                quote!(let #lease_pat: #lease_ty = &#transaction;)
+            });
+            quote! {
+                #private::run_lease(
+                    #idem,
+                    &#spec,
+                    #key,
+                    #fingerprint,
+                    #codec,
+                    ::core::time::Duration::from_millis(#lease_millis),
+                    move |#transaction| async move {
+                        #guard
+                        #private::handler_body::<#output, _>(async #block).await
+                    },
+                )
+                .await
+            }
+        }
     };
 
     Ok(quote! {
@@ -135,21 +207,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                     return ::core::result::Result::Err(#private::Error::Key(#error));
                 }
             };
-            #private::run_transactional(
-                #idem,
-                &#spec,
-                #key,
-                #fingerprint,
-                #codec,
-                move |mut #transaction| async move {
-                    let #result = {
-                        let #connection_pat: #connection_ty = &mut *#transaction;
-                        #private::handler_body::<#output, _>(async #block).await
-                    };
-                    (#transaction, #result)
-                },
-            )
-            .await
+            #call
         }
     })
 }
@@ -164,8 +222,13 @@ fn builder(private: &TokenStream, message: &Ident, list: &FieldList) -> TokenStr
     quote!(#private::KeyBuilder::new() #(#parts)*)
 }
 
-/// Checks that the handler is an `async fn (conn: &mut PgConnection, message, ...) -> R`.
-fn check_signature<'a>(item: &'a ItemFn, errors: &mut Vec<syn::Error>) -> Option<Handler<'a>> {
+/// Checks that the handler is an `async fn (conn: &mut PgConnection, message, ...) -> R`
+/// (transaction mode) or an `async fn ([lease: &Lease,] message, ...) -> R` (lease mode).
+fn check_signature<'a>(
+    item: &'a ItemFn,
+    mode: Mode,
+    errors: &mut Vec<syn::Error>,
+) -> Option<Handler<'a>> {
     let sig = &item.sig;
     if sig.asyncness.is_none() {
         errors.push(syn::Error::new(
@@ -188,7 +251,17 @@ fn check_signature<'a>(item: &'a ItemFn, errors: &mut Vec<syn::Error>) -> Option
         FnArg::Typed(typed) => Some(typed),
         FnArg::Receiver(_) => None,
     });
+    if mode == Mode::Lease {
+        return check_lease_signature(sig, typed, output, errors);
+    }
     let connection = match typed.next() {
+        Some(lease) if is_reference_to(&lease.ty, "Lease") => {
+            errors.push(syn::Error::new(
+                lease.ty.span(),
+                "a lease guard is only given to lease-mode handlers: add `mode = \"lease\"`, or take the transaction's connection `tx: &mut PgConnection`",
+            ));
+            None
+        }
         Some(connection) if is_connection(&connection.ty) => Some(connection),
         Some(other) => {
             errors.push(syn::Error::new(
@@ -205,7 +278,8 @@ fn check_signature<'a>(item: &'a ItemFn, errors: &mut Vec<syn::Error>) -> Option
             None
         }
     };
-    let message = match typed.next() {
+    let message_param = typed.next();
+    let message = match message_param {
         Some(message) => match &*message.pat {
             Pat::Ident(pat) if pat.subpat.is_none() => Some(pat.ident.clone()),
             other => {
@@ -226,10 +300,71 @@ fn check_signature<'a>(item: &'a ItemFn, errors: &mut Vec<syn::Error>) -> Option
         None => None,
     };
     Some(Handler {
-        connection: connection?,
+        context: Some(connection?),
+        message_param: message_param?,
         message: message?,
         output: output?,
     })
+}
+
+/// The lease-mode signature: an optional `&Lease` guard, then the message.
+fn check_lease_signature<'a>(
+    sig: &'a syn::Signature,
+    mut typed: impl Iterator<Item = &'a PatType>,
+    output: Option<&'a Type>,
+    errors: &mut Vec<syn::Error>,
+) -> Option<Handler<'a>> {
+    let mut first = typed.next();
+    if let Some(connection) = first.filter(|first| is_connection(&first.ty)) {
+        errors.push(syn::Error::new(
+            connection.ty.span(),
+            "a lease-mode handler runs outside any database transaction, so it receives no connection: take the lease guard `lease: &Lease` (or nothing) before the message, or use the default transaction mode",
+        ));
+        return None;
+    }
+    let guard = first.filter(|first| is_reference_to(&first.ty, "Lease"));
+    if guard.is_some() {
+        first = typed.next();
+    }
+    let message = match first.map(|message| &*message.pat) {
+        Some(Pat::Ident(pat)) if pat.subpat.is_none() => Some(pat.ident.clone()),
+        Some(other) => {
+            errors.push(syn::Error::new(
+                other.span(),
+                "bind the message to a name (e.g. `event: &OrderEvent`): the key is read from its fields",
+            ));
+            None
+        }
+        None => {
+            errors.push(syn::Error::new(
+                sig.paren_token.span.join(),
+                "a lease-mode handler takes the message: `(lease: &Lease, message: &Message)` or `(message: &Message)`",
+            ));
+            None
+        }
+    };
+    Some(Handler {
+        context: guard,
+        message_param: first?,
+        message: message?,
+        output: output?,
+    })
+}
+
+/// `&T` or `&mut T` where the last segment of `T`'s path is `name`.
+fn is_reference_to(ty: &Type, name: &str) -> bool {
+    let Type::Reference(reference) = ty else {
+        return false;
+    };
+    let Type::Path(path) = &*reference.elem else {
+        return false;
+    };
+    path.qself.is_none()
+        && path
+            .path
+            .segments
+            .last()
+            .is_some_and(|segment| segment.ident == name && segment.arguments.is_none())
 }
 
 /// `&mut PgConnection`, with any path to it (`sqlx::PgConnection`, ...).

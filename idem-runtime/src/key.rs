@@ -114,7 +114,9 @@ impl From<IdempotencyKey> for Uuid {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
     /// A key field held no value (an `Option` that was `None`).
-    #[error("key field `{field}` is missing: it is None, and a missing value would merge unrelated messages into one key")]
+    #[error(
+        "key field `{field}` is missing: it is None, and a missing value would merge unrelated messages into one key"
+    )]
     MissingValue {
         /// The key field, as written in the attribute.
         field: &'static str,
@@ -404,7 +406,10 @@ impl SoleKeyPart for usize {}
 
 impl<T: KeyPart> KeyPart for [T] {
     fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
-        encoder.list(|nested| self.iter().try_for_each(|item| item.encode_key_part(nested)))
+        encoder.list(|nested| {
+            self.iter()
+                .try_for_each(|item| item.encode_key_part(nested))
+        })
     }
 }
 impl<T: KeyPart> SoleKeyPart for [T] {}
@@ -459,7 +464,11 @@ mod tests {
 
     #[test]
     fn encoding_is_length_prefixed_and_typed() {
-        let builder = KeyBuilder::new().part("a", "ab").unwrap().part("b", &7_u8).unwrap();
+        let builder = KeyBuilder::new()
+            .part("a", "ab")
+            .unwrap()
+            .part("b", &7_u8)
+            .unwrap();
         assert_eq!(
             builder.encoding(),
             b"idem:v1\x00\x00\x00\x02s\x00\x00\x00\x02abi\x00\x00\x00\x017".to_vec()
@@ -495,7 +504,12 @@ mod tests {
     fn none_is_an_error_naming_the_field() {
         let missing: Option<&str> = None;
         let err = KeyBuilder::new().part("customer.id", &missing).unwrap_err();
-        assert_eq!(err, KeyError::MissingValue { field: "customer.id" });
+        assert_eq!(
+            err,
+            KeyError::MissingValue {
+                field: "customer.id"
+            }
+        );
         assert_eq!(key(&[&Some("x")]), key(&[&"x"]));
     }
 
@@ -506,11 +520,14 @@ mod tests {
         assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122);
     }
 
-        #[test]
+    #[test]
     fn equal_instants_in_other_zones_agree() {
         use chrono::{FixedOffset, TimeZone, Utc};
         let utc = Utc.with_ymd_and_hms(2024, 5, 1, 12, 0, 0).unwrap();
-        let plus2 = FixedOffset::east_opt(7200).unwrap().with_ymd_and_hms(2024, 5, 1, 14, 0, 0).unwrap();
+        let plus2 = FixedOffset::east_opt(7200)
+            .unwrap()
+            .with_ymd_and_hms(2024, 5, 1, 14, 0, 0)
+            .unwrap();
         assert_eq!(key(&[&utc]), key(&[&plus2]));
     }
 
@@ -522,11 +539,17 @@ mod tests {
         let uuid = Uuid::parse_str("67e55044-10b1-426f-9247-bb680e5fe0c8").unwrap();
         let list = vec!["a", "b"];
         let vectors: &[(&[&dyn KeyPart], &str)] = &[
-            (&[&"order-1", &"paid"], "804192a5-97d2-8f62-9aa5-941e1b1f8c6f"),
+            (
+                &[&"order-1", &"paid"],
+                "804192a5-97d2-8f62-9aa5-941e1b1f8c6f",
+            ),
             (&[&42_u16], "1b2737e7-042d-8386-a0ca-ba27dd08e7ce"),
             (&[&-7_i64, &true], "fe903395-f82a-858b-8557-c7929c9b2104"),
             (&[&uuid], "1bec8415-b00e-8060-8dbe-924fb9dc4bd1"),
-            (&[&"order-1", &instant], "2118130b-707b-8234-abd6-fd25a4c6adf1"),
+            (
+                &[&"order-1", &instant],
+                "2118130b-707b-8234-abd6-fd25a4c6adf1",
+            ),
             (&[&list], "15ea568c-a614-86dd-aa31-6f678aeac200"),
         ];
         for (parts, expected) in vectors {

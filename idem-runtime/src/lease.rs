@@ -90,7 +90,13 @@ impl Lease {
         let extended = inner
             .idem
             .statements()
-            .extend_lease(&mut conn, inner.scope, inner.key.as_uuid(), inner.token, duration)
+            .extend_lease(
+                &mut conn,
+                inner.scope,
+                inner.key.as_uuid(),
+                inner.token,
+                duration,
+            )
             .await?;
         if extended {
             Ok(())
@@ -141,7 +147,15 @@ where
 
     let mut conn = idem.pool().acquire().await?;
     let attempt = match statements
-        .claim_lease(&mut conn, scope, uuid, fingerprint, token, lease, max_attempts)
+        .claim_lease(
+            &mut conn,
+            scope,
+            uuid,
+            fingerprint,
+            token,
+            lease,
+            max_attempts,
+        )
         .await?
     {
         LeaseClaim::Won { attempt } => attempt,

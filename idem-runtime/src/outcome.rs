@@ -89,7 +89,9 @@ pub enum Error<E> {
     /// Lease mode: this worker's lease expired and another worker claimed the key before
     /// this one completed; its outcome was not recorded. The effect may have run twice,
     /// which is what the lease's fencing token is for.
-    #[error("the lease on key {key} was lost before the handler completed; its outcome was not recorded")]
+    #[error(
+        "the lease on key {key} was lost before the handler completed; its outcome was not recorded"
+    )]
     LeaseLost {
         /// The key.
         key: IdempotencyKey,
@@ -98,7 +100,9 @@ pub enum Error<E> {
     #[error("cannot derive the idempotency key: {0}")]
     Key(#[from] KeyError),
     /// The stored result of a duplicate could not be read back as the handler's type.
-    #[error("the stored result of key {key} does not decode as the handler's result type: {source}")]
+    #[error(
+        "the stored result of key {key} does not decode as the handler's result type: {source}"
+    )]
     StoredResult {
         /// The key.
         key: IdempotencyKey,

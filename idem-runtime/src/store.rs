@@ -396,7 +396,16 @@ impl Statements {
             .await?
         else {
             // Purged between the two statements: an empty table again.
-            return Box::pin(self.claim_lease(conn, scope, key, fingerprint, token, lease, max_attempts)).await;
+            return Box::pin(self.claim_lease(
+                conn,
+                scope,
+                key,
+                fingerprint,
+                token,
+                lease,
+                max_attempts,
+            ))
+            .await;
         };
         let mut existing = existing(&row)?;
         if existing.status == Status::Processing && row.try_get::<bool, _>("expired")? {
