@@ -5,8 +5,7 @@ use syn::meta::ParseNestedMeta;
 use syn::{Ident, LitBool, LitInt, LitStr, Path};
 
 /// Every argument the attribute accepts, for the "unknown argument" message.
-const VALID: &str =
-    "`key`, `scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `crate`";
+const VALID: &str = "`key`, `scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `crate`";
 
 /// How a handler's key is held while its body runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +41,8 @@ pub struct Args {
     pub fingerprint: Option<FieldList>,
     pub max_attempts: Option<LitInt>,
     pub store_result: Option<LitBool>,
+    /// `batch = true`: also generate `<handler>_batch` over a slice of messages.
+    pub batch: Option<LitBool>,
     pub krate: Option<Path>,
     pub mode: Option<(Mode, LitStr)>,
     pub lease: Option<(u64, LitStr)>,
@@ -91,6 +92,10 @@ impl Args {
                     &name,
                     &mut self.errors,
                 );
+            }
+            "batch" => {
+                let literal: LitBool = meta.value()?.parse()?;
+                set(&mut self.batch, literal, span, &name, &mut self.errors);
             }
             "store_result" => {
                 let literal: LitBool = meta.value()?.parse()?;
@@ -167,6 +172,20 @@ impl Args {
             ));
         }
         mode
+    }
+
+    /// Whether to generate the batch variant; records an error for a lease-mode batch.
+    pub fn batch(&mut self, mode: Mode) -> bool {
+        let Some(flag) = &self.batch else {
+            return false;
+        };
+        if flag.value && mode == Mode::Lease {
+            self.errors.push(syn::Error::new(
+                flag.span,
+                "`batch` applies to transaction-mode handlers only: a batch shares one database transaction",
+            ));
+        }
+        flag.value
     }
 
     /// The lease duration of a lease-mode handler, in milliseconds.

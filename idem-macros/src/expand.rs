@@ -21,6 +21,7 @@ struct Handler<'a> {
 /// Expands the attribute; every problem found is returned together.
 pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Error>> {
     let mode = args.mode();
+    let batch = args.batch(mode);
     let handler = check_signature(item, mode, &mut args.errors);
     if args.key.is_none() {
         args.errors.push(syn::Error::new(
@@ -187,7 +188,78 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         }
     };
 
+    let batch_fn = batch.then(|| {
+        let context = handler.context.expect("checked: transaction handlers take a connection");
+        let (connection_pat, connection_ty) = (&context.pat, &context.ty);
+        let messages = Ident::new("messages", Span::mixed_site());
+        let message_ty = match &*handler.message_param.ty {
+            Type::Reference(reference) => &*reference.elem,
+            other => other,
+        };
+        let inputs = sig.inputs.iter().map(|input| match input {
+            FnArg::Typed(typed) if is_context(typed) => quote!(#idem: &#krate::Idem),
+            FnArg::Typed(typed) if std::ptr::eq(typed, handler.message_param) => {
+                quote!(#messages: &[#message_ty])
+            }
+            other => other.to_token_stream(),
+        });
+        let borrow_extra = sig.inputs.iter().filter_map(|input| match input {
+            FnArg::Typed(typed) if !is_context(typed) && !std::ptr::eq(typed, handler.message_param) => {
+                match (&*typed.pat, &*typed.ty) {
+                    (Pat::Ident(pat), ty) if !matches!(ty, Type::Reference(_)) => {
+                        let ident = &pat.ident;
+                        Some(quote!(let #ident = &#ident;))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        });
+        let (constness, asyncness, unsafety, abi, fn_token, generics) = (
+            &sig.constness, &sig.asyncness, &sig.unsafety, &sig.abi, &sig.fn_token, &sig.generics,
+        );
+        let where_clause = &generics.where_clause;
+        let name = Ident::new(&format!("{}_batch", sig.ident), sig.ident.span());
+        let doc = format!(
+            "The batch variant of [`{}`]: claims the keys of all `messages` in one statement, runs the body for the new ones and commits once. Returns one outcome per message, in order.",
+            sig.ident
+        );
+        quote! {
+            #[doc = #doc]
+            #vis #constness #asyncness #unsafety #abi #fn_token #name #generics (#(#inputs),*)
+                -> ::std::vec::Vec<#private::Handled<#output>> #where_clause
+            {
+                const #spec: #private::HandlerSpec = #private::HandlerSpec {
+                    scope: #scope,
+                    max_attempts: #max_attempts,
+                };
+                #result_checks
+                #(#borrow_extra)*
+                #private::run_batch(
+                    #idem,
+                    &#spec,
+                    #messages,
+                    |#message| -> ::core::result::Result<_, #private::KeyError> {
+                        #sole_part_check
+                        ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
+                    },
+                    #codec,
+                    move |mut #transaction, #message| async move {
+                        let #result = {
+                            let #connection_pat: #connection_ty = &mut *#transaction;
+                            #private::handler_body::<#output, _>(async #block).await
+                        };
+                        (#transaction, #result)
+                    },
+                )
+                .await
+            }
+        }
+    });
+
     Ok(quote! {
+        #batch_fn
+
         #(#attrs)*
         #vis #signature
         {

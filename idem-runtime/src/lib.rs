@@ -102,6 +102,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod batch;
 pub mod config;
 mod handle;
 pub mod handler;
@@ -121,6 +122,7 @@ pub use outcome::{Disposition, Error, Handled, HandlerError, HandlerResult, Outc
 /// Not a public API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::batch::run as run_batch;
     pub use crate::handler::{HandlerSpec, JsonResult, NoResult};
     pub use crate::key::{KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart};
     pub use crate::lease::{Lease, run as run_lease};

@@ -24,7 +24,7 @@ pub enum Status {
 }
 
 impl Status {
-    fn parse(text: &str) -> Result<Self, sqlx::Error> {
+    pub(crate) fn parse(text: &str) -> Result<Self, sqlx::Error> {
         match text {
             "processing" => Ok(Status::Processing),
             "success" => Ok(Status::Success),

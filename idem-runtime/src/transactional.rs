@@ -182,7 +182,7 @@ async fn claim(
     }
 }
 
-fn decide<T, E, C: ResultCodec<T>>(
+pub(crate) fn decide<T, E, C: ResultCodec<T>>(
     key: IdempotencyKey,
     existing: Existing,
     codec: &C,
