@@ -15,7 +15,7 @@
 //!
 //! **When a body fails** (or PostgreSQL reports a serialization failure or deadlock), the
 //! batch transaction rolls back as a whole and the claimed messages are processed again
-//! one by one with [`transactional::run`](crate::transactional::run): the failing message
+//! one by one with [`transactional::run`](crate::transactional::run()): the failing message
 //! records its failure, the others commit on their own. The happy path pays nothing for
 //! this (no savepoint per message, which would cost two round trips each), and no message
 //! is lost or applied twice.

@@ -56,12 +56,15 @@
 //!         .part("event_type", &event.event_type)?
 //!         .finish();
 //!     let fingerprint = KeyBuilder::new().part("amount_cents", &event.amount_cents)?.digest();
-//!     idem_runtime::transactional::run(idem, &SPEC, key, Some(fingerprint), JsonResult,
-//!         async |tx: &mut PgConnection| -> Result<Receipt, sqlx::Error> {
+//!     idem_runtime::transactional::run(idem, &SPEC, key, Some(fingerprint), JsonResult, move |mut transaction| async move {
+//!         let result = {
+//!             let tx: &mut PgConnection = &mut *transaction;
 //!             // the original body, unchanged
-//!             # todo!()
-//!         },
-//!     )
+//!             # let _ = tx; let result: Result<Receipt, sqlx::Error> = todo!();
+//!             # result
+//!         };
+//!         (transaction, result)
+//!     })
 //!     .await
 //! }
 //! ```
@@ -73,7 +76,11 @@
 //!   `Result<Outcome<T>, Error<E>>`.
 //! - The body runs as written (`?` and `return` behave as in the original function) on
 //!   the transaction's connection, and may run again after a serialization failure or a
-//!   deadlock rolled an earlier run back; so it must not move out of its parameters.
+//!   deadlock rolled an earlier run back; so it sees owned parameters by reference and
+//!   must not move out of them.
+//! - With `mode = "lease"` the handler takes an optional `lease: &Lease` guard instead of
+//!   the connection and calls [`lease::run`]; with `batch = true` a second function
+//!   `<handler>_batch(&Idem, &[Message], ...)` calls [`batch::run`].
 //!
 //! # Attribute arguments
 //!
@@ -84,6 +91,8 @@
 //! | `fingerprint = "x, y"` | payload fields compared on every duplicate: the same key with other values is [`Error::PayloadMismatch`] |
 //! | `max_attempts = 3` | failed attempts before the key is parked (default: the runtime's, 5) |
 //! | `store_result = false` | do not store the result; duplicates get `Outcome::Duplicate(None)` and the result type need not be serde |
+//! | `mode = "lease"`, `lease = "30s"` | lease mode, for effects outside the database: see [`lease`] |
+//! | `batch = true` | also generate `<handler>_batch` over a slice of messages: see [`batch`] |
 //! | `crate = "path"` | where `idem_runtime` is, when the dependency is renamed |
 //!
 //! # Guarantees
