@@ -19,7 +19,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::{PgConnection, Postgres, Transaction};
+use sqlx::{Executor, PgConnection, Postgres, Transaction};
 
 use crate::Idem;
 use crate::handler::{HandlerSpec, ResultCodec};
@@ -208,12 +208,23 @@ async fn commit(
     key: IdempotencyKey,
     stored: Option<&serde_json::Value>,
 ) -> Result<(), sqlx::Error> {
-    if let Some(result) = stored {
-        idem.statements()
-            .store_result(&mut tx, scope, key.as_uuid(), result)
-            .await?;
+    match stored {
+        // Like any statement, this fails if the body left the transaction aborted.
+        Some(result) => {
+            idem.statements()
+                .store_result(&mut tx, scope, key.as_uuid(), result)
+                .await?
+        }
+        None => ensure_not_aborted(&mut tx).await?,
     }
     tx.commit().await
+}
+
+/// Fails (`25P02`) when a statement of the body failed and the body went on to return
+/// `Ok`: PostgreSQL then answers `COMMIT` with a rollback and no error, which would lose
+/// the claim and the effects behind an `Outcome::Executed`.
+pub(crate) async fn ensure_not_aborted(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    conn.execute("SELECT 1").await.map(drop)
 }
 
 fn is_lock_timeout(error: &sqlx::Error) -> bool {
