@@ -1,0 +1,741 @@
+//! idem's benchmark suite: the same business write per message, bare, through the article's
+//! algorithm written by hand and through `#[idempotent]`, side by side in one run against
+//! the local PostgreSQL; plus round trips per message and the status table's size.
+//!
+//! ```text
+//! cargo bench --bench suite                      # full run (about 5 minutes)
+//! IDEM_BENCH_QUICK=1 cargo bench --bench suite   # smoke run (well under a minute)
+//! cargo bench --bench suite -- idem bare         # only these scenarios
+//! ```
+//!
+//! Settings (environment variable, or `--name=value` after `--`):
+//!
+//! | variable | flag | default | quick |
+//! |----------|------|---------|-------|
+//! | `IDEM_BENCH_QUICK=1` | `--quick` | | |
+//! | `IDEM_BENCH_SECS` | `--secs` | 1.5 s measured per cell and round | 0.4 |
+//! | `IDEM_BENCH_WARMUP_SECS` | `--warmup-secs` | 0.3 s per cell and round | 0.15 |
+//! | `IDEM_BENCH_ROUNDS` | `--rounds` | 3 (cells alternate within a round) | 1 |
+//! | `IDEM_BENCH_CONCURRENCY` | `--concurrency` | 1,4,16,64 | 1,16 |
+//! | `IDEM_BENCH_SCENARIOS` | `--scenarios` | all | bare,article,idem,idem-dup |
+//! | `IDEM_BENCH_SYNC` | `--sync` | on,off (`synchronous_commit` per connection) | on,off |
+//! | `IDEM_BENCH_PROBE_MESSAGES` | `--probe-messages` | 200 (0: no round-trip probe) | 50 |
+//! | `IDEM_BENCH_SIZE_KEYS` | `--size-keys` | 200000 (0: no size report) | 20000 |
+//! | `IDEM_BENCH_DUP_KEYS` | `--dup-keys` | 2000 keys the duplicate scenarios cycle through | 300 |
+//! | `IDEM_BENCH_DATABASE` | `--database` | `idem_bench` (created if missing, on `DATABASE_URL`'s server) | |
+//! | `IDEM_BENCH_OUT` | `--out` | `target/bench` (`results.json`, `throughput.svg`) | |
+
+mod proxy;
+mod report;
+mod scenarios;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_runtime::Idem;
+use idem_suite::orders::CREATE_ORDER_EFFECTS;
+use serde::Serialize;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
+use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
+
+use crate::proxy::Proxy;
+use crate::report::{CellResult, DbPerMessage, ProbeResult, Report, SizeResult, WirePerMessage};
+use crate::scenarios::{CREATE_ARTICLE_MESSAGES, Cell, Scenario, TRUNCATE};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// `synchronous_commit` of the cell's connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum SyncCommit {
+    On,
+    Off,
+}
+
+impl SyncCommit {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            SyncCommit::On => "on",
+            SyncCommit::Off => "off",
+        }
+    }
+}
+
+/// The settings of one run.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Settings {
+    pub(crate) quick: bool,
+    pub(crate) secs: f64,
+    pub(crate) warmup_secs: f64,
+    pub(crate) rounds: usize,
+    pub(crate) concurrency: Vec<usize>,
+    pub(crate) scenarios: Vec<Scenario>,
+    pub(crate) sync: Vec<SyncCommit>,
+    pub(crate) probe_messages: usize,
+    pub(crate) size_keys: u64,
+    pub(crate) dup_keys: usize,
+    pub(crate) database: String,
+    #[serde(skip)]
+    pub(crate) out: PathBuf,
+}
+
+impl Settings {
+    fn load() -> Result<Settings, BoxError> {
+        let mut flags = BTreeMap::new();
+        let mut filter = Vec::new();
+        for arg in std::env::args().skip(1) {
+            if let Some(flag) = arg.strip_prefix("--") {
+                let (name, value) = flag.split_once('=').unwrap_or((flag, "1"));
+                flags.insert(name.to_string(), value.to_string());
+            } else {
+                filter.push(arg);
+            }
+        }
+        let get = |name: &str| -> Option<String> {
+            flags.get(name).cloned().or_else(|| {
+                let var = format!("IDEM_BENCH_{}", name.to_uppercase().replace('-', "_"));
+                std::env::var(var).ok().filter(|v| !v.is_empty())
+            })
+        };
+        let quick = get("quick").is_some_and(|v| v != "0" && v != "false");
+        fn parse<T: FromStr>(name: &str, value: Option<String>, default: T) -> Result<T, BoxError> {
+            match value {
+                None => Ok(default),
+                Some(text) => text
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("bad value for {name}: {text:?}").into()),
+            }
+        }
+        fn list<T>(
+            name: &str,
+            value: Option<String>,
+            default: Vec<T>,
+            item: impl Fn(&str) -> Option<T>,
+        ) -> Result<Vec<T>, BoxError> {
+            match value {
+                None => Ok(default),
+                Some(text) => text
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| item(s).ok_or_else(|| format!("bad value in {name}: {s:?}").into()))
+                    .collect(),
+            }
+        }
+        let default_scenarios = if quick {
+            vec![
+                Scenario::Bare,
+                Scenario::Article,
+                Scenario::Idem,
+                Scenario::IdemDup,
+            ]
+        } else {
+            Scenario::ALL.to_vec()
+        };
+        let mut scenarios = list(
+            "scenarios",
+            get("scenarios"),
+            default_scenarios,
+            Scenario::parse,
+        )?;
+        // `cargo bench -- NAME...` picks scenarios by name.
+        if !filter.is_empty() {
+            scenarios = filter
+                .iter()
+                .map(|name| {
+                    Scenario::parse(name).ok_or_else(|| -> BoxError {
+                        let known: Vec<_> = Scenario::ALL.iter().map(|s| s.name()).collect();
+                        format!("unknown scenario {name:?}; known: {}", known.join(", ")).into()
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        let sync = list(
+            "sync",
+            get("sync"),
+            vec![SyncCommit::On, SyncCommit::Off],
+            |s| match s {
+                "on" => Some(SyncCommit::On),
+                "off" => Some(SyncCommit::Off),
+                _ => None,
+            },
+        )?;
+        let default_concurrency = if quick {
+            vec![1, 16]
+        } else {
+            vec![1, 4, 16, 64]
+        };
+        let concurrency = list(
+            "concurrency",
+            get("concurrency"),
+            default_concurrency,
+            |s| s.parse().ok().filter(|&c: &usize| c > 0),
+        )?;
+        let out = match get("out") {
+            Some(dir) => PathBuf::from(dir),
+            None => std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+                .join("bench"),
+        };
+        let settings = Settings {
+            quick,
+            secs: parse("secs", get("secs"), if quick { 0.4 } else { 1.5 })?,
+            warmup_secs: parse(
+                "warmup-secs",
+                get("warmup-secs"),
+                if quick { 0.15 } else { 0.3 },
+            )?,
+            rounds: parse("rounds", get("rounds"), if quick { 1 } else { 3 })?.max(1),
+            concurrency,
+            scenarios,
+            sync,
+            probe_messages: parse(
+                "probe-messages",
+                get("probe-messages"),
+                if quick { 50 } else { 200 },
+            )?,
+            size_keys: parse(
+                "size-keys",
+                get("size-keys"),
+                if quick { 20_000 } else { 200_000 },
+            )?,
+            dup_keys: parse("dup-keys", get("dup-keys"), if quick { 300 } else { 2000 })?.max(1),
+            database: get("database").unwrap_or_else(|| "idem_bench".into()),
+            out,
+        };
+        if !settings
+            .database
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            return Err(format!("bad database name {:?}", settings.database).into());
+        }
+        Ok(settings)
+    }
+
+    /// The cells of one round, each scenario with each `synchronous_commit` setting.
+    /// Duplicate scenarios run with the default setting only.
+    fn cells(&self) -> Vec<(Scenario, SyncCommit)> {
+        let mut cells = Vec::new();
+        for &sync in &self.sync {
+            for &scenario in &self.scenarios {
+                if scenario.duplicates() && sync == SyncCommit::Off {
+                    continue;
+                }
+                cells.push((scenario, sync));
+            }
+        }
+        cells
+    }
+}
+
+/// Connections to the server: the admin database and the bench database.
+struct Target {
+    admin: PgConnectOptions,
+    bench: PgConnectOptions,
+}
+
+impl Target {
+    fn bench_with(&self, sync: SyncCommit) -> PgConnectOptions {
+        match sync {
+            SyncCommit::On => self.bench.clone(),
+            SyncCommit::Off => self.bench.clone().options([("synchronous_commit", "off")]),
+        }
+    }
+
+    async fn bench_conn(&self) -> Result<PgConnection, BoxError> {
+        Ok(PgConnection::connect_with(&self.bench).await?)
+    }
+
+    async fn pool(
+        &self,
+        sync: SyncCommit,
+        connections: usize,
+        application: &str,
+    ) -> Result<PgPool, BoxError> {
+        let options = self.bench_with(sync).application_name(application);
+        Ok(PgPoolOptions::new()
+            .max_connections(u32::try_from(connections).unwrap_or(u32::MAX))
+            .min_connections(0)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options)
+            .await?)
+    }
+
+    async fn truncate(&self) -> Result<(), BoxError> {
+        let mut conn = self.bench_conn().await?;
+        conn.execute(TRUNCATE).await?;
+        conn.close().await?;
+        Ok(())
+    }
+
+    /// Processes the messages that a duplicate scenario receives again.
+    async fn populate(&self, settings: &Settings, scenario: Scenario) -> Result<(), BoxError> {
+        if !scenario.duplicates() {
+            return Ok(());
+        }
+        let pool = self.pool(SyncCommit::Off, 8, "idem-bench-setup").await?;
+        let idem = Idem::builder(pool.clone()).schema("idem").build()?;
+        scenarios::populate(scenario, &pool, &idem, settings.dup_keys, 8).await?;
+        pool.close().await;
+        Ok(())
+    }
+}
+
+fn main() -> Result<(), BoxError> {
+    let settings = Settings::load()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(settings))
+}
+
+async fn run(settings: Settings) -> Result<(), BoxError> {
+    let started = Instant::now();
+    let load_before = load_average();
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let admin = PgConnectOptions::from_str(&url)?;
+    let bench = admin.clone().database(&settings.database);
+    let target = Target { admin, bench };
+
+    let mut admin = PgConnection::connect_with(&target.admin).await?;
+    let server_version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(&mut admin)
+        .await?;
+    create_database(&mut admin, &settings.database).await?;
+    setup(&target).await?;
+    println!(
+        "idem bench: PostgreSQL {server_version}, database {}, {} s per cell x {} rounds, concurrency {:?}, {}",
+        settings.database,
+        settings.secs,
+        settings.rounds,
+        settings.concurrency,
+        if settings.quick {
+            "quick mode"
+        } else {
+            "full mode"
+        }
+    );
+
+    let cells = throughput(&settings, &target).await?;
+    let mut probes = Vec::new();
+    if settings.probe_messages > 0 {
+        for &scenario in &settings.scenarios {
+            probes.push(probe(&settings, &target, &mut admin, scenario).await?);
+        }
+    }
+    let sizes = if settings.size_keys > 0 {
+        sizes(&target, settings.size_keys).await?
+    } else {
+        Vec::new()
+    };
+    target.truncate().await?;
+    admin.close().await?;
+
+    let report = Report::new(
+        &settings,
+        server_version,
+        cells,
+        probes,
+        sizes,
+        started.elapsed().as_secs_f64(),
+        [load_before, load_average()],
+    );
+    report.print();
+    let written = report.write(&settings.out)?;
+    for path in written {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The 1-minute load average (0 where the system does not say).
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn create_database(admin: &mut PgConnection, name: &str) -> Result<(), BoxError> {
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(name)
+            .fetch_one(&mut *admin)
+            .await?;
+    if !exists {
+        // The name was checked to be a plain identifier.
+        let created = admin
+            .execute(format!("CREATE DATABASE {name}").as_str())
+            .await;
+        if let Err(error) = created {
+            let raced = error
+                .as_database_error()
+                .is_some_and(|db| matches!(db.code().as_deref(), Some("42P04" | "23505")));
+            if !raced {
+                return Err(error.into());
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn setup(target: &Target) -> Result<(), BoxError> {
+    let mut conn = target.bench_conn().await?;
+    conn.execute(CREATE_ORDER_EFFECTS).await?;
+    conn.execute(CREATE_ARTICLE_MESSAGES).await?;
+    conn.close().await?;
+    let pool = target.pool(SyncCommit::On, 1, "idem-bench-setup").await?;
+    Idem::builder(pool.clone())
+        .schema("idem")
+        .build()?
+        .migrate()
+        .await?;
+    pool.close().await;
+    Ok(())
+}
+
+/// What the workers of one phase did.
+#[derive(Default)]
+struct PhaseStats {
+    messages: u64,
+    errors: u64,
+    first_error: Option<String>,
+    latencies_us: Vec<u32>,
+    seconds: f64,
+}
+
+/// Runs every worker of `cell` until `duration` has passed (and each worker has done at
+/// least `min_steps` steps). `next` holds each worker's next iteration number.
+async fn phase(
+    cell: &Arc<Cell>,
+    next: &mut [u64],
+    duration: Duration,
+    min_steps: u64,
+) -> PhaseStats {
+    let start = Instant::now();
+    let deadline = start + duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for (worker, &first) in next.iter().enumerate() {
+        let cell = cell.clone();
+        tasks.spawn(async move {
+            let mut stats = PhaseStats::default();
+            let mut iteration = first;
+            let mut steps = 0;
+            while steps < min_steps || Instant::now() < deadline {
+                let begun = Instant::now();
+                match cell.step(worker, iteration).await {
+                    Ok(messages) => {
+                        stats.messages += messages;
+                        let micros = begun.elapsed().as_micros();
+                        stats
+                            .latencies_us
+                            .push(u32::try_from(micros).unwrap_or(u32::MAX));
+                    }
+                    Err(error) => {
+                        stats.errors += 1;
+                        stats.first_error.get_or_insert(error);
+                        if stats.errors > 1000 {
+                            break;
+                        }
+                    }
+                }
+                iteration += 1;
+                steps += 1;
+            }
+            (worker, iteration, stats)
+        });
+    }
+    let mut total = PhaseStats::default();
+    while let Some(joined) = tasks.join_next().await {
+        let (worker, iteration, stats) = joined.expect("a bench worker panicked");
+        next[worker] = iteration;
+        total.messages += stats.messages;
+        total.errors += stats.errors;
+        if total.first_error.is_none() {
+            total.first_error = stats.first_error;
+        }
+        total.latencies_us.extend(stats.latencies_us);
+    }
+    total.seconds = start.elapsed().as_secs_f64();
+    total
+}
+
+/// The throughput cells: every round runs every cell once, in a rotated order, so that
+/// drift (checkpoints, autovacuum, other load) spreads over all scenarios alike.
+async fn throughput(settings: &Settings, target: &Target) -> Result<Vec<CellResult>, BoxError> {
+    let cells = settings.cells();
+    let mut results: BTreeMap<(Scenario, SyncCommit, usize), CellResult> = BTreeMap::new();
+    let mut serial = 0u64;
+    for round in 0..settings.rounds {
+        for &concurrency in &settings.concurrency {
+            for index in 0..cells.len() {
+                let (scenario, sync) = cells[(index + round) % cells.len()];
+                serial += 1;
+                target.truncate().await?;
+                target.populate(settings, scenario).await?;
+                let pool = target.pool(sync, concurrency, "idem-bench").await?;
+                let cell = Arc::new(Cell {
+                    scenario,
+                    idem: Idem::builder(pool.clone()).schema("idem").build()?,
+                    pool: pool.clone(),
+                    tag: format!("c{serial}"),
+                    concurrency,
+                    duplicate_keys: settings.dup_keys,
+                });
+                let mut next = vec![0u64; concurrency];
+                let warmup = phase(
+                    &cell,
+                    &mut next,
+                    Duration::from_secs_f64(settings.warmup_secs),
+                    2,
+                )
+                .await;
+                let measured =
+                    phase(&cell, &mut next, Duration::from_secs_f64(settings.secs), 0).await;
+                drop(cell);
+                pool.close().await;
+                let rate = measured.messages as f64 / measured.seconds;
+                println!(
+                    "  round {}/{} {:<12} sync={:<3} c={:<3} {:>9.0} msg/s{}",
+                    round + 1,
+                    settings.rounds,
+                    scenario.name(),
+                    sync.name(),
+                    concurrency,
+                    rate,
+                    match (&warmup.first_error, &measured.first_error) {
+                        (_, Some(error)) | (Some(error), None) => format!("  ERROR: {error}"),
+                        (None, None) => String::new(),
+                    }
+                );
+                let entry = results
+                    .entry((scenario, sync, concurrency))
+                    .or_insert_with(|| CellResult::new(scenario, sync, concurrency));
+                entry.add_round(
+                    measured.messages,
+                    measured.seconds,
+                    measured.errors + warmup.errors,
+                    measured.first_error.or(warmup.first_error),
+                    measured.latencies_us,
+                );
+            }
+        }
+    }
+    Ok(results.into_values().map(CellResult::finish).collect())
+}
+
+/// Counters of the bench database (and the server's WAL position), as the statistics
+/// collector has them.
+#[derive(Debug, Clone, Copy)]
+struct DbStats {
+    commits: i64,
+    rollbacks: i64,
+    inserted: i64,
+    updated: i64,
+    deleted: i64,
+}
+
+async fn db_stats(admin: &mut PgConnection, database: &str) -> Result<(DbStats, String), BoxError> {
+    let row = sqlx::query(
+        "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted, \
+                pg_current_wal_insert_lsn()::text AS lsn \
+         FROM pg_stat_database WHERE datname = $1",
+    )
+    .bind(database)
+    .fetch_one(&mut *admin)
+    .await?;
+    Ok((
+        DbStats {
+            commits: row.try_get("xact_commit")?,
+            rollbacks: row.try_get("xact_rollback")?,
+            inserted: row.try_get("tup_inserted")?,
+            updated: row.try_get("tup_updated")?,
+            deleted: row.try_get("tup_deleted")?,
+        },
+        row.try_get("lsn")?,
+    ))
+}
+
+/// Waits until no client is connected to the bench database: a backend hands its
+/// statistics to the collector when it exits.
+async fn wait_for_no_clients(admin: &mut PgConnection, database: &str) -> Result<(), BoxError> {
+    for _ in 0..200 {
+        let clients: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'",
+        )
+        .bind(database)
+        .fetch_one(&mut *admin)
+        .await?;
+        if clients == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    Err(format!("clients stay connected to {database}").into())
+}
+
+/// Waits until every connection of `pool` is back in it (the release ping is done).
+async fn wait_for_idle(pool: &PgPool) {
+    for _ in 0..400 {
+        if pool.num_idle() == pool.size() as usize {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Counts, through the counting proxy, the round trips and protocol messages per message
+/// of `scenario` at concurrency 1; and, from the server's statistics, the transactions,
+/// row writes and WAL per message.
+async fn probe(
+    settings: &Settings,
+    target: &Target,
+    admin: &mut PgConnection,
+    scenario: Scenario,
+) -> Result<ProbeResult, BoxError> {
+    const WARMUP: u64 = 20;
+    let messages = settings.probe_messages as u64;
+    target.truncate().await?;
+    target.populate(settings, scenario).await?;
+    wait_for_no_clients(admin, &settings.database).await?;
+    let (before, lsn_before) = db_stats(admin, &settings.database).await?;
+
+    let upstream = format!("{}:{}", target.bench.get_host(), target.bench.get_port());
+    let proxy = Proxy::start(upstream).await?;
+    let options = target
+        .bench
+        .clone()
+        .host("127.0.0.1")
+        .port(proxy.port)
+        .ssl_mode(PgSslMode::Disable)
+        .application_name("idem-bench-probe");
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await?;
+    let cell = Cell {
+        scenario,
+        idem: Idem::builder(pool.clone()).schema("idem").build()?,
+        pool: pool.clone(),
+        tag: "probe".into(),
+        concurrency: 1,
+        duplicate_keys: settings.dup_keys,
+    };
+    for iteration in 0..WARMUP {
+        cell.step(0, iteration).await?;
+    }
+    wait_for_idle(&pool).await;
+    let start = proxy.counters.snapshot();
+    for iteration in WARMUP..WARMUP + messages {
+        cell.step(0, iteration).await?;
+    }
+    wait_for_idle(&pool).await;
+    let wire = proxy.counters.snapshot().since(start);
+    // Every simple query and every sync is answered by one ReadyForQuery: a check of the
+    // proxy's framing.
+    if wire.ready != wire.simple_queries + wire.syncs {
+        return Err(format!("counting proxy out of step: {wire:?}").into());
+    }
+    drop(cell);
+    pool.close().await;
+    wait_for_no_clients(admin, &settings.database).await?;
+    let (after, _) = db_stats(admin, &settings.database).await?;
+    let wal: f64 = sqlx::query_scalar(
+        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8",
+    )
+    .bind(&lsn_before)
+    .fetch_one(&mut *admin)
+    .await?;
+
+    let n = messages as f64;
+    let all = (WARMUP + messages) as f64;
+    let per = |value: i64| value as f64 / all;
+    let result = ProbeResult {
+        scenario,
+        messages,
+        wire: WirePerMessage {
+            round_trips: wire.round_trips as f64 / n,
+            ready_for_query: wire.ready as f64 / n,
+            simple_queries: wire.simple_queries as f64 / n,
+            extended_executes: wire.executes as f64 / n,
+            parses: wire.parses as f64 / n,
+            bare_syncs: wire.syncs.saturating_sub(wire.executes) as f64 / n,
+        },
+        db: DbPerMessage {
+            messages: WARMUP + messages,
+            commits: per(after.commits - before.commits),
+            rollbacks: per(after.rollbacks - before.rollbacks),
+            rows_inserted: per(after.inserted - before.inserted),
+            rows_updated: per(after.updated - before.updated),
+            rows_deleted: per(after.deleted - before.deleted),
+            wal_bytes_cluster: wal / all,
+        },
+    };
+    println!(
+        "  probe {:<12} {:.2} round trips/msg",
+        scenario.name(),
+        result.wire.round_trips
+    );
+    Ok(result)
+}
+
+/// Table and index bytes of the status tables after inserting `keys` rows shaped as the
+/// handlers write them (random 16-byte keys, distinct timestamps), extrapolated to one
+/// million keys.
+async fn sizes(target: &Target, keys: u64) -> Result<Vec<SizeResult>, BoxError> {
+    target.truncate().await?;
+    let mut conn = target.bench_conn().await?;
+    let keys_i64 = i64::try_from(keys)?;
+    sqlx::query(
+        "INSERT INTO idem.idem_keys (scope, key, status, attempts, created_at, updated_at) \
+         SELECT 'bench_apply', gen_random_uuid(), 'success', 1, clock_timestamp(), clock_timestamp() \
+         FROM generate_series(1, $1)",
+    )
+    .bind(keys_i64)
+    .execute(&mut conn)
+    .await?;
+    sqlx::query(
+        "INSERT INTO article_messages (msg_id, status, created_at, updated_at) \
+         SELECT gen_random_uuid(), 'success', clock_timestamp(), clock_timestamp() \
+         FROM generate_series(1, $1)",
+    )
+    .bind(keys_i64)
+    .execute(&mut conn)
+    .await?;
+    let mut results = Vec::new();
+    for table in ["idem.idem_keys", "public.article_messages"] {
+        let row = sqlx::query(
+            "SELECT pg_relation_size($1::regclass) AS heap, \
+                    pg_indexes_size($1::regclass) AS indexes, \
+                    pg_total_relation_size($1::regclass) AS total",
+        )
+        .bind(table)
+        .fetch_one(&mut conn)
+        .await?;
+        let indexes: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT c.relname::text, pg_relation_size(c.oid) FROM pg_index i \
+             JOIN pg_class c ON c.oid = i.indexrelid \
+             WHERE i.indrelid = $1::regclass ORDER BY c.relname",
+        )
+        .bind(table)
+        .fetch_all(&mut conn)
+        .await?;
+        results.push(SizeResult::new(
+            table,
+            keys,
+            row.try_get("heap")?,
+            row.try_get("indexes")?,
+            row.try_get("total")?,
+            indexes,
+        ));
+    }
+    conn.close().await?;
+    Ok(results)
+}

@@ -1,0 +1,553 @@
+//! The report: a table on stdout, `results.json` and a chart (`throughput.svg`).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use crate::scenarios::Scenario;
+use crate::{BoxError, Settings, SyncCommit};
+
+/// The throughput of one scenario at one concurrency and `synchronous_commit` setting,
+/// over all rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct CellResult {
+    pub scenario: Scenario,
+    pub sync: SyncCommit,
+    pub concurrency: usize,
+    pub messages: u64,
+    pub seconds: f64,
+    /// Messages over measured seconds, all rounds together.
+    pub msgs_per_sec: f64,
+    /// Each round's rate, in the order of the rounds.
+    pub round_msgs_per_sec: Vec<f64>,
+    pub latency_p50_ms: f64,
+    pub latency_p99_ms: f64,
+    pub errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+    #[serde(skip)]
+    latencies_us: Vec<u32>,
+}
+
+impl CellResult {
+    pub fn new(scenario: Scenario, sync: SyncCommit, concurrency: usize) -> Self {
+        CellResult {
+            scenario,
+            sync,
+            concurrency,
+            messages: 0,
+            seconds: 0.0,
+            msgs_per_sec: 0.0,
+            round_msgs_per_sec: Vec::new(),
+            latency_p50_ms: 0.0,
+            latency_p99_ms: 0.0,
+            errors: 0,
+            first_error: None,
+            latencies_us: Vec::new(),
+        }
+    }
+
+    pub fn add_round(
+        &mut self,
+        messages: u64,
+        seconds: f64,
+        errors: u64,
+        first_error: Option<String>,
+        latencies_us: Vec<u32>,
+    ) {
+        self.messages += messages;
+        self.seconds += seconds;
+        self.round_msgs_per_sec.push(messages as f64 / seconds);
+        self.errors += errors;
+        if self.first_error.is_none() {
+            self.first_error = first_error;
+        }
+        self.latencies_us.extend(latencies_us);
+    }
+
+    pub fn finish(mut self) -> Self {
+        self.msgs_per_sec = self.messages as f64 / self.seconds;
+        self.latencies_us.sort_unstable();
+        let at = |q: f64| -> f64 {
+            if self.latencies_us.is_empty() {
+                return 0.0;
+            }
+            let index = ((self.latencies_us.len() - 1) as f64 * q).round() as usize;
+            f64::from(self.latencies_us[index]) / 1000.0
+        };
+        self.latency_p50_ms = at(0.50);
+        self.latency_p99_ms = at(0.99);
+        self.latencies_us = Vec::new();
+        self
+    }
+}
+
+/// Per message, on the wire between the client and PostgreSQL (counting proxy).
+#[derive(Debug, Clone, Serialize)]
+pub struct WirePerMessage {
+    /// Times the client waited for the server (pipelined messages share one).
+    pub round_trips: f64,
+    /// `ReadyForQuery` messages: one per simple query or sync.
+    pub ready_for_query: f64,
+    /// Simple-protocol queries (`BEGIN`, `COMMIT`, ...); one may hold several statements.
+    pub simple_queries: f64,
+    /// Extended-protocol executions of prepared statements.
+    pub extended_executes: f64,
+    /// Statements prepared (0 once the connection's statement cache is warm).
+    pub parses: f64,
+    /// Syncs without a statement: the pool's liveness pings on acquire and release.
+    pub bare_syncs: f64,
+}
+
+/// Per message, as the server's statistics count it for the bench database.
+#[derive(Debug, Clone, Serialize)]
+pub struct DbPerMessage {
+    /// Messages the counts are divided by (warm-up included).
+    pub messages: u64,
+    pub commits: f64,
+    pub rollbacks: f64,
+    pub rows_inserted: f64,
+    pub rows_updated: f64,
+    pub rows_deleted: f64,
+    /// WAL written by the whole server meanwhile, per message (other databases' activity
+    /// included, so an upper bound).
+    pub wal_bytes_cluster: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeResult {
+    pub scenario: Scenario,
+    pub messages: u64,
+    pub wire: WirePerMessage,
+    pub db: DbPerMessage,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct IndexSize {
+    pub name: String,
+    pub bytes: i64,
+    pub mb_per_million_keys: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SizeResult {
+    pub table: String,
+    pub keys: u64,
+    pub heap_bytes: i64,
+    pub index_bytes: i64,
+    pub total_bytes: i64,
+    pub heap_mb_per_million_keys: f64,
+    pub index_mb_per_million_keys: f64,
+    pub total_mb_per_million_keys: f64,
+    pub indexes: Vec<IndexSize>,
+}
+
+fn per_million(bytes: i64, keys: u64) -> f64 {
+    bytes as f64 * 1e6 / keys as f64 / 1e6
+}
+
+impl SizeResult {
+    pub fn new(
+        table: &str,
+        keys: u64,
+        heap: i64,
+        indexes_total: i64,
+        total: i64,
+        indexes: Vec<(String, i64)>,
+    ) -> Self {
+        SizeResult {
+            table: table.into(),
+            keys,
+            heap_bytes: heap,
+            index_bytes: indexes_total,
+            total_bytes: total,
+            heap_mb_per_million_keys: per_million(heap, keys),
+            index_mb_per_million_keys: per_million(indexes_total, keys),
+            total_mb_per_million_keys: per_million(total, keys),
+            indexes: indexes
+                .into_iter()
+                .map(|(name, bytes)| IndexSize {
+                    name,
+                    bytes,
+                    mb_per_million_keys: per_million(bytes, keys),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A throughput ratio between two cells, with the goal of the issue where there is one.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ratio {
+    pub name: String,
+    pub sync: SyncCommit,
+    pub concurrency: usize,
+    pub value: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goal: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub met: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub server_version: String,
+    pub cores: usize,
+    pub wall_seconds: f64,
+    /// The 1-minute load average before and after the run (other processes on the
+    /// machine compete with PostgreSQL and the bench for the cores).
+    pub load_average: [f64; 2],
+    pub settings: Settings,
+    pub cells: Vec<CellResult>,
+    pub ratios: Vec<Ratio>,
+    pub round_trips: Vec<ProbeResult>,
+    pub sizes: Vec<SizeResult>,
+}
+
+/// The ratios that the report prints: (numerator, denominator, goal for a sync setting
+/// and concurrency).
+type Goal = fn(SyncCommit, usize) -> Option<f64>;
+const RATIOS: [(Scenario, Scenario, Goal); 6] = [
+    (Scenario::Idem, Scenario::Bare, |sync, c| {
+        (sync == SyncCommit::On && c == 16).then_some(0.75)
+    }),
+    (Scenario::Idem, Scenario::Article, |sync, _| match sync {
+        SyncCommit::On => Some(1.0),
+        SyncCommit::Off => Some(1.3),
+    }),
+    (Scenario::Article, Scenario::Bare, |_, _| None),
+    (Scenario::IdemResult, Scenario::Bare, |_, _| None),
+    // A duplicate costs >= 10x less than a new message.
+    (Scenario::IdemDup, Scenario::Idem, |_, _| Some(10.0)),
+    (Scenario::ArticleDup, Scenario::Article, |_, _| None),
+];
+
+impl Report {
+    pub fn new(
+        settings: &Settings,
+        server_version: String,
+        cells: Vec<CellResult>,
+        round_trips: Vec<ProbeResult>,
+        sizes: Vec<SizeResult>,
+        wall_seconds: f64,
+        load_average: [f64; 2],
+    ) -> Self {
+        let rate = |scenario, sync, concurrency| {
+            cells
+                .iter()
+                .find(|c| c.scenario == scenario && c.sync == sync && c.concurrency == concurrency)
+                .map(|c| c.msgs_per_sec)
+        };
+        let mut ratios = Vec::new();
+        for (top, bottom, goal) in RATIOS {
+            for &sync in &settings.sync {
+                for &concurrency in &settings.concurrency {
+                    // Duplicates run with the default setting; compare them with new
+                    // messages under the same setting.
+                    if let (Some(a), Some(b)) = (
+                        rate(top, sync, concurrency),
+                        rate(bottom, sync, concurrency),
+                    ) {
+                        let goal = goal(sync, concurrency);
+                        let value = a / b;
+                        ratios.push(Ratio {
+                            name: format!("{}/{}", top.name(), bottom.name()),
+                            sync,
+                            concurrency,
+                            value,
+                            goal,
+                            met: goal.map(|g| value >= g),
+                        });
+                    }
+                }
+            }
+        }
+        Report {
+            server_version,
+            cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+            wall_seconds,
+            load_average,
+            settings: settings.clone(),
+            cells,
+            ratios,
+            round_trips,
+            sizes,
+        }
+    }
+
+    pub fn print(&self) {
+        let concurrency = &self.settings.concurrency;
+        println!();
+        println!(
+            "Throughput (msg/s; {} round(s) x {} s per cell; p50/p99 latency in ms at the highest concurrency)",
+            self.settings.rounds, self.settings.secs
+        );
+        let mut header = format!("{:<12} {:<5}", "scenario", "sync");
+        for c in concurrency {
+            header += &format!(" {:>9}", format!("c={c}"));
+        }
+        header += "   p50/p99 ms";
+        println!("{header}");
+        let rows: BTreeSet<(SyncCommit, Scenario)> =
+            self.cells.iter().map(|c| (c.sync, c.scenario)).collect();
+        for (sync, scenario) in rows {
+            let mut line = format!("{:<12} {:<5}", scenario.name(), sync.name());
+            let mut last = None;
+            for &c in concurrency {
+                match self
+                    .cells
+                    .iter()
+                    .find(|x| x.scenario == scenario && x.sync == sync && x.concurrency == c)
+                {
+                    Some(cell) => {
+                        line += &format!(" {:>9.0}", cell.msgs_per_sec);
+                        last = Some(cell);
+                    }
+                    None => line += &format!(" {:>9}", "-"),
+                }
+            }
+            if let Some(cell) = last {
+                line += &format!("   {:.2}/{:.2}", cell.latency_p50_ms, cell.latency_p99_ms);
+                if cell.errors > 0 {
+                    line += &format!("  ({} errors)", cell.errors);
+                }
+            }
+            println!("{line}");
+        }
+
+        if !self.ratios.is_empty() {
+            println!();
+            println!("Ratios (throughput of the first over the second)");
+            let mut header = format!("{:<24} {:<5}", "ratio", "sync");
+            for c in concurrency {
+                header += &format!(" {:>9}", format!("c={c}"));
+            }
+            header += "   goal";
+            println!("{header}");
+            let mut seen = Vec::new();
+            for ratio in &self.ratios {
+                let key = (ratio.name.clone(), ratio.sync);
+                if seen.contains(&key) {
+                    continue;
+                }
+                seen.push(key);
+                let mut line = format!("{:<24} {:<5}", ratio.name, ratio.sync.name());
+                let mut goals = Vec::new();
+                for &c in concurrency {
+                    match self.ratios.iter().find(|r| {
+                        r.name == ratio.name && r.sync == ratio.sync && r.concurrency == c
+                    }) {
+                        Some(r) => {
+                            let mark = match r.met {
+                                Some(true) => " ",
+                                Some(false) => "!",
+                                None => " ",
+                            };
+                            line += &format!(" {:>8.2}{mark}", r.value);
+                            if let Some(goal) = r.goal {
+                                goals.push((c, goal));
+                            }
+                        }
+                        None => line += &format!(" {:>9}", "-"),
+                    }
+                }
+                if let Some((_, goal)) = goals.first() {
+                    let all = goals.len() == concurrency.len();
+                    let at: Vec<String> = goals.iter().map(|(c, _)| format!("c={c}")).collect();
+                    line += &format!(
+                        "   >= {goal}{}",
+                        if all {
+                            String::new()
+                        } else {
+                            format!(" at {}", at.join(","))
+                        }
+                    );
+                }
+                println!("{line}");
+            }
+            println!("('!' marks a ratio below its goal)");
+        }
+
+        if !self.round_trips.is_empty() {
+            println!();
+            println!(
+                "Per message at concurrency 1 (wire: counting proxy, after warm-up; db: pg_stat_database of the bench database)"
+            );
+            println!(
+                "{:<12} {:>6} {:>6} {:>7} {:>6} {:>6} | {:>7} {:>9} {:>6} {:>6} {:>9}",
+                "scenario",
+                "rtrips",
+                "simple",
+                "prepared",
+                "pings",
+                "parses",
+                "commits",
+                "rollbacks",
+                "ins",
+                "upd",
+                "WAL B*"
+            );
+            for probe in &self.round_trips {
+                let w = &probe.wire;
+                let d = &probe.db;
+                println!(
+                    "{:<12} {:>6.2} {:>6.2} {:>8.2} {:>6.2} {:>6.2} | {:>7.2} {:>9.2} {:>6.2} {:>6.2} {:>9.0}",
+                    probe.scenario.name(),
+                    w.round_trips,
+                    w.simple_queries,
+                    w.extended_executes,
+                    w.bare_syncs,
+                    w.parses,
+                    d.commits,
+                    d.rollbacks,
+                    d.rows_inserted,
+                    d.rows_updated,
+                    d.wal_bytes_cluster
+                );
+            }
+            println!(
+                "(rtrips: times the client waited for the server, pool pings included; simple: BEGIN/COMMIT-style queries; \
+                 prepared: statement executions; pings: sqlx pool liveness checks on acquire and release; \
+                 *WAL: whole server, an upper bound)"
+            );
+        }
+
+        if !self.sizes.is_empty() {
+            println!();
+            println!("Size per million keys (MB, extrapolated from the keys inserted)");
+            for size in &self.sizes {
+                let indexes: Vec<String> = size
+                    .indexes
+                    .iter()
+                    .map(|i| format!("{} {:.1}", i.name, i.mb_per_million_keys))
+                    .collect();
+                println!(
+                    "{:<24} keys {:>8}: heap {:>6.1}  indexes {:>6.1} ({})  total {:>6.1}",
+                    size.table,
+                    size.keys,
+                    size.heap_mb_per_million_keys,
+                    size.index_mb_per_million_keys,
+                    indexes.join(", "),
+                    size.total_mb_per_million_keys
+                );
+            }
+        }
+        println!();
+        println!(
+            "PostgreSQL {}, {} cores, {:.0} s, load average {:.1} before, {:.1} after",
+            self.server_version,
+            self.cores,
+            self.wall_seconds,
+            self.load_average[0],
+            self.load_average[1]
+        );
+        if self
+            .load_average
+            .iter()
+            .any(|&load| load > self.cores as f64)
+        {
+            println!(
+                "warning: other processes loaded the machine beyond its cores; the figures are noisy"
+            );
+        }
+    }
+
+    /// Writes `results.json` and `throughput.svg` into `dir`.
+    pub fn write(&self, dir: &Path) -> Result<Vec<PathBuf>, BoxError> {
+        std::fs::create_dir_all(dir)?;
+        let json = dir.join("results.json");
+        std::fs::write(&json, serde_json::to_vec_pretty(self)?)?;
+        let mut written = vec![json];
+        if !self.cells.is_empty() {
+            let svg = dir.join("throughput.svg");
+            self.chart(&svg)?;
+            written.push(svg);
+        }
+        Ok(written)
+    }
+
+    /// Throughput per scenario over concurrency, log scale.
+    fn chart(&self, path: &Path) -> Result<(), BoxError> {
+        let concurrency = &self.settings.concurrency;
+        let n = concurrency.len() as i32;
+        let max = self
+            .cells
+            .iter()
+            .map(|c| c.msgs_per_sec)
+            .fold(1.0, f64::max);
+        let min = self
+            .cells
+            .iter()
+            .map(|c| c.msgs_per_sec)
+            .filter(|&r| r > 0.0)
+            .fold(max, f64::min);
+        let root = SVGBackend::new(path, (1000, 640)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!(
+                    "idem: messages per second by scenario and concurrency (PostgreSQL {}, {} cores)",
+                    self.server_version, self.cores
+                ),
+                ("sans-serif", 20),
+            )
+            .margin(20)
+            .x_label_area_size(45)
+            .y_label_area_size(70)
+            .build_cartesian_2d((0..n - 1).into_segmented(), (min * 0.7..max * 1.5).log_scale())?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_desc("concurrent workers")
+            .y_desc("messages per second (log scale)")
+            .x_label_formatter(&|x| match x {
+                SegmentValue::CenterOf(i) => concurrency
+                    .get(*i as usize)
+                    .map_or_else(String::new, |c| c.to_string()),
+                _ => String::new(),
+            })
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .draw()?;
+        let series: BTreeSet<(SyncCommit, Scenario)> =
+            self.cells.iter().map(|c| (c.sync, c.scenario)).collect();
+        for (index, (sync, scenario)) in series.into_iter().enumerate() {
+            let color = Palette99::pick(index).to_rgba();
+            let points: Vec<(SegmentValue<i32>, f64)> = concurrency
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &c)| {
+                    self.cells
+                        .iter()
+                        .find(|x| x.scenario == scenario && x.sync == sync && x.concurrency == c)
+                        .map(|cell| (SegmentValue::CenterOf(i as i32), cell.msgs_per_sec))
+                })
+                .collect();
+            let width = if sync == SyncCommit::On { 3 } else { 1 };
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(width)))?
+                .label(format!(
+                    "{} (synchronous_commit={})",
+                    scenario.name(),
+                    sync.name()
+                ))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(width))
+                });
+            chart.draw_series(
+                points
+                    .into_iter()
+                    .map(|point| Circle::new(point, 4, color.filled())),
+            )?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,271 @@
+//! The scenarios: the same business write (one row into `order_effects`) per message,
+//! bare, through the article's algorithm written by hand, and through `#[idempotent]`.
+
+use futures::StreamExt;
+use idem_runtime::key::KeyBuilder;
+use idem_runtime::{Idem, Outcome, idempotent};
+use idem_suite::orders::{EventType, OrderEvent};
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
+
+/// The business write of every scenario.
+const INSERT_EFFECT: &str =
+    "INSERT INTO order_effects (order_id, event_type, amount_cents) VALUES ($1, $2, $3)";
+
+/// The status table of the hand-written article algorithm: what a user following the
+/// article writes alone (unique message id, status, timestamps).
+pub const CREATE_ARTICLE_MESSAGES: &str = "CREATE TABLE IF NOT EXISTS article_messages (
+    msg_id uuid PRIMARY KEY,
+    status text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now()
+)";
+
+/// The tables that every cell starts from empty.
+pub const TRUNCATE: &str = "TRUNCATE order_effects, article_messages, idem.idem_keys";
+
+/// One benchmark scenario. A scenario processes messages one at a time per worker (its
+/// `step`); later scenarios (batches) process several per step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(into = "&'static str")]
+pub enum Scenario {
+    /// `BEGIN; INSERT; COMMIT`: the reference, no idempotency.
+    Bare,
+    /// The article's algorithm by hand: insert-on-conflict, select for update, business
+    /// write, update status, commit.
+    Article,
+    /// `#[idempotent]` (transactional mode), no stored result.
+    Idem,
+    /// `#[idempotent]` storing the handler's result (the new row's id) for replay.
+    IdemResult,
+    /// `#[idempotent]`, every message a duplicate of a key that already succeeded.
+    IdemDup,
+    /// The hand-written article algorithm, every message a duplicate.
+    ArticleDup,
+}
+
+impl From<Scenario> for &'static str {
+    fn from(scenario: Scenario) -> Self {
+        scenario.name()
+    }
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 6] = [
+        Scenario::Bare,
+        Scenario::Article,
+        Scenario::Idem,
+        Scenario::IdemResult,
+        Scenario::IdemDup,
+        Scenario::ArticleDup,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Bare => "bare",
+            Scenario::Article => "article",
+            Scenario::Idem => "idem",
+            Scenario::IdemResult => "idem-result",
+            Scenario::IdemDup => "idem-dup",
+            Scenario::ArticleDup => "article-dup",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Scenario> {
+        Scenario::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Scenario::Bare => "BEGIN; INSERT business row; COMMIT (no idempotency)",
+            Scenario::Article => {
+                "by hand: BEGIN; INSERT status ON CONFLICT DO NOTHING; SELECT FOR UPDATE; INSERT business row; UPDATE status; COMMIT"
+            }
+            Scenario::Idem => "#[idempotent(store_result = false)], new message",
+            Scenario::IdemResult => "#[idempotent] storing the new row's id, new message",
+            Scenario::IdemDup => "#[idempotent], every message a duplicate of a success",
+            Scenario::ArticleDup => "by hand (article), every message a duplicate of a success",
+        }
+    }
+
+    /// Every message of the scenario was already processed before the cell starts.
+    pub fn duplicates(self) -> bool {
+        matches!(self, Scenario::IdemDup | Scenario::ArticleDup)
+    }
+}
+
+#[idempotent(
+    key = "order_id, event_type",
+    scope = "bench_apply",
+    store_result = false
+)]
+async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    sqlx::query(INSERT_EFFECT)
+        .bind(&event.order_id)
+        .bind("paid")
+        .bind(event.amount_cents)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+#[idempotent(key = "order_id, event_type", scope = "bench_apply_result")]
+async fn apply_with_result(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "INSERT INTO order_effects (order_id, event_type, amount_cents) VALUES ($1, $2, $3) RETURNING id",
+    )
+    .bind(&event.order_id)
+    .bind("paid")
+    .bind(event.amount_cents)
+    .fetch_one(&mut *tx)
+    .await
+}
+
+async fn bare(pool: &PgPool, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(INSERT_EFFECT)
+        .bind(&event.order_id)
+        .bind("paid")
+        .bind(event.amount_cents)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await
+}
+
+/// The article's algorithm the obvious way. Returns whether the body ran.
+async fn article(pool: &PgPool, event: &OrderEvent) -> Result<bool, String> {
+    let key = KeyBuilder::new()
+        .part("order_id", &event.order_id)
+        .and_then(|k| k.part("event_type", &event.event_type))
+        .map_err(|e| e.to_string())?
+        .finish()
+        .as_uuid();
+    let run = async {
+        let mut tx = pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO article_messages (msg_id, status) VALUES ($1, 'processing') \
+             ON CONFLICT (msg_id) DO NOTHING",
+        )
+        .bind(key)
+        .execute(&mut *tx)
+        .await?;
+        let status: String =
+            sqlx::query_scalar("SELECT status FROM article_messages WHERE msg_id = $1 FOR UPDATE")
+                .bind(key)
+                .fetch_one(&mut *tx)
+                .await?;
+        if status == "success" {
+            tx.commit().await?;
+            return Ok(false);
+        }
+        sqlx::query(INSERT_EFFECT)
+            .bind(&event.order_id)
+            .bind("paid")
+            .bind(event.amount_cents)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE article_messages SET status = 'success', updated_at = now() WHERE msg_id = $1",
+        )
+        .bind(key)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>(true)
+    };
+    run.await.map_err(|e| e.to_string())
+}
+
+fn event(order_id: String) -> OrderEvent {
+    OrderEvent {
+        order_id,
+        event_type: EventType::Paid,
+        amount_cents: 1250,
+        occurred_at: chrono::DateTime::UNIX_EPOCH,
+        event_key: None,
+    }
+}
+
+fn duplicate_id(index: usize) -> String {
+    format!("dup-{index}")
+}
+
+/// Everything a cell's workers share.
+pub struct Cell {
+    pub scenario: Scenario,
+    pub pool: PgPool,
+    pub idem: Idem,
+    /// Distinguishes the messages of this cell from every other cell's.
+    pub tag: String,
+    pub concurrency: usize,
+    /// The number of already processed messages that duplicate scenarios cycle through.
+    pub duplicate_keys: usize,
+}
+
+impl Cell {
+    /// Processes the messages of one step of `worker`; returns how many.
+    pub async fn step(&self, worker: usize, iteration: u64) -> Result<u64, String> {
+        let message = || {
+            if self.scenario.duplicates() {
+                let spread = iteration as usize * self.concurrency + worker;
+                event(duplicate_id(spread % self.duplicate_keys))
+            } else {
+                event(format!("{}-{worker}-{iteration}", self.tag))
+            }
+        };
+        let event = message();
+        match self.scenario {
+            Scenario::Bare => bare(&self.pool, &event).await.map_err(|e| e.to_string())?,
+            Scenario::Article => expect(article(&self.pool, &event).await?, true)?,
+            Scenario::ArticleDup => expect(article(&self.pool, &event).await?, false)?,
+            Scenario::Idem | Scenario::IdemDup => {
+                let outcome = apply(&self.idem, &event).await.map_err(|e| e.to_string())?;
+                expect(
+                    matches!(outcome, Outcome::Executed(_)),
+                    self.scenario == Scenario::Idem,
+                )?;
+            }
+            Scenario::IdemResult => {
+                let outcome = apply_with_result(&self.idem, &event)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                expect(matches!(outcome, Outcome::Executed(_)), true)?;
+            }
+        }
+        Ok(1)
+    }
+}
+
+/// Processes `keys` messages that `scenario` (a duplicate scenario) then receives again,
+/// `parallel` at a time.
+pub async fn populate(
+    scenario: Scenario,
+    pool: &PgPool,
+    idem: &Idem,
+    keys: usize,
+    parallel: usize,
+) -> Result<(), String> {
+    let results: Vec<Result<(), String>> =
+        futures::stream::iter((0..keys).map(|index| async move {
+            let event = event(duplicate_id(index));
+            match scenario {
+                Scenario::IdemDup => apply(idem, &event)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                _ => article(pool, &event).await.map(|_| ()),
+            }
+        }))
+        .buffer_unordered(parallel)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+fn expect(executed: bool, wanted: bool) -> Result<(), String> {
+    match (executed, wanted) {
+        (true, true) | (false, false) => Ok(()),
+        (false, true) => Err("a new message was taken for a duplicate".into()),
+        (true, false) => Err("a duplicate ran the body again".into()),
+    }
+}
