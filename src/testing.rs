@@ -125,3 +125,38 @@ impl Checkpoint {
         self.inner.released.notify_one();
     }
 }
+
+/// Lease mode: waits until the lease on `key` in `scope` (status table `idem.idem_keys`)
+/// has expired on the database's clock, the clock the protocol compares expiries with.
+///
+/// # Panics
+///
+/// When the key has no row or no lease, or the lease does not expire within a minute.
+pub async fn wait_for_lease_expiry(
+    pool: &PgPool,
+    scope: &str,
+    key: idem_runtime::key::IdempotencyKey,
+) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let expired: Option<Option<bool>> = sqlx::query_scalar(
+            "SELECT lease_expires_at <= now() FROM idem.idem_keys WHERE scope = $1 AND key = $2",
+        )
+        .bind(scope)
+        .bind(key.as_uuid())
+        .fetch_optional(pool)
+        .await
+        .expect("read the lease");
+        match expired {
+            Some(Some(true)) => return,
+            Some(Some(false)) => {}
+            Some(None) => panic!("key {key} in scope {scope} holds no lease"),
+            None => panic!("key {key} in scope {scope} has no row"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease on key {key} did not expire within a minute"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

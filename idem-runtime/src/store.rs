@@ -219,10 +219,13 @@ impl Statements {
                  FROM {table} WHERE scope = $1 AND key = $2"
             ),
             // A lease that expired as often as `max_attempts` allows: its worker keeps dying.
+            // Only then: a claim can also miss an expired lease that has attempts left (a
+            // payload mismatch, or a lease that expired after the claim statement looked).
             park_expired: format!(
                 "UPDATE {table} SET status = 'parked', lease_expires_at = NULL, updated_at = now(), \
                      last_error = coalesce(last_error, 'the lease expired before the handler completed') \
                  WHERE scope = $1 AND key = $2 AND status = 'processing' AND lease_expires_at <= now() \
+                   AND attempts >= $3 \
                  RETURNING attempts, last_error"
             ),
             extend_lease: format!(
@@ -409,10 +412,11 @@ impl Statements {
         };
         let mut existing = existing(&row)?;
         if existing.status == Status::Processing && row.try_get::<bool, _>("expired")? {
-            // Expired, and not reclaimed above: it used up its attempts.
+            // Expired, and not reclaimed above: park it if it used up its attempts.
             if let Some(row) = sqlx::query(&self.park_expired)
                 .bind(scope)
                 .bind(key)
+                .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
                 .fetch_optional(conn)
                 .await?
             {
