@@ -1,0 +1,156 @@
+//! What the Kafka tests share: a broker, a topic and a group of their own, a database
+//! with the tables, consumers to start and kill.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_runtime::Idem;
+use idem_suite::kafka::broker::LocalBroker;
+use idem_suite::kafka::consumer::{ConsumerConfig, KillSwitch, OffsetStore, OrderConsumer, Stats};
+use idem_suite::kafka::producer::{self, Plan, ProduceReport};
+use idem_suite::kafka::{self, admin};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// A broker, a fresh topic and group, and a migrated database.
+pub struct Harness {
+    pub broker: LocalBroker,
+    pub brokers: String,
+    pub topic: String,
+    pub group: String,
+    /// A prefix unique to this test, for order ids.
+    pub id: String,
+    pub pool: PgPool,
+    pub idem: Idem,
+    stop: watch::Sender<bool>,
+}
+
+/// A running consumer.
+pub struct Member {
+    pub name: String,
+    pub stats: Arc<Stats>,
+    pub kill: KillSwitch,
+    pub task: JoinHandle<Result<(), kafka::consumer::ConsumerError>>,
+}
+
+impl Harness {
+    /// Finds or starts the broker (failing, with how to install it, if `tansu` is
+    /// missing), creates a topic with `partitions` partitions and the tables.
+    pub async fn new(test_pool: &PgPool, label: &str, partitions: i32) -> Harness {
+        let broker = tokio::task::spawn_blocking(LocalBroker::ensure)
+            .await
+            .unwrap()
+            .unwrap_or_else(|error| panic!("{error}"));
+        let brokers = broker.brokers().to_owned();
+        let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_owned();
+        let topic = format!("idem-test-{label}-{id}");
+        // Short timeouts: an outage shows as errors within a second or two.
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_with(test_pool.connect_options().as_ref().clone())
+            .await
+            .unwrap();
+        kafka::create_tables(&pool).await.unwrap();
+        let idem = Idem::new(pool.clone());
+        idem.migrate().await.unwrap();
+        admin::wait_for_broker(&brokers, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|error| panic!("the broker at {brokers} does not answer: {error}"));
+        admin::create_topic(&brokers, &topic, partitions)
+            .await
+            .unwrap();
+        Harness {
+            broker,
+            brokers,
+            group: topic.clone(),
+            topic,
+            id,
+            pool,
+            idem,
+            stop: watch::channel(false).0,
+        }
+    }
+
+    /// Starts a consumer of the group.
+    pub fn consumer(&self, name: &str, offsets: OffsetStore) -> Member {
+        let mut config = ConsumerConfig::new(&self.brokers, &self.group, &self.topic);
+        config.client_id = format!("{}-{name}", self.group);
+        config.offsets = offsets;
+        config.session_timeout = Duration::from_secs(6);
+        let stats = Arc::new(Stats::default());
+        let consumer = OrderConsumer::new(self.idem.clone(), config, stats.clone()).unwrap();
+        let kill = consumer.kill_switch();
+        let mut stopped = self.stop.subscribe();
+        let task = tokio::spawn(consumer.run(async move {
+            stopped.wait_for(|stop| *stop).await.ok();
+        }));
+        Member {
+            name: name.to_owned(),
+            stats,
+            kill,
+            task,
+        }
+    }
+
+    /// Publishes `plan` in the background.
+    pub fn produce(&self, plan: &Plan) -> JoinHandle<ProduceReport> {
+        let (brokers, topic, plan) = (self.brokers.clone(), self.topic.clone(), plan.clone());
+        tokio::spawn(async move {
+            let producer = producer::create_producer(&brokers).unwrap();
+            producer::produce(&producer, &topic, &plan, 500, |_, _| {})
+                .await
+                .unwrap()
+        })
+    }
+
+    /// Asks every consumer to stop gracefully and waits for them.
+    pub async fn stop(&self, members: Vec<Member>) {
+        self.stop.send(true).ok();
+        for member in members {
+            member.task.await.unwrap().unwrap();
+        }
+    }
+
+    /// Closes the pool. The topic stays: deleting a topic while other clients of the
+    /// broker run can crash them (librdkafka 2.12 against tansu 0.6), and the broker the
+    /// tests start is thrown away with its storage anyway.
+    pub async fn finish(self) {
+        self.pool.close().await;
+    }
+}
+
+/// Waits until `done()` holds, checking every 100 ms; panics with `what()` after `limit`.
+pub async fn wait_until(
+    limit: Duration,
+    mut done: impl FnMut() -> bool,
+    what: impl Fn() -> String,
+) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?}: {}",
+            what()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The counters of several consumers added up.
+pub fn total(members: &[&Arc<Stats>]) -> idem_suite::kafka::consumer::Snapshot {
+    let mut sum = idem_suite::kafka::consumer::Snapshot::default();
+    for stats in members {
+        let s = stats.snapshot();
+        sum.deliveries += s.deliveries;
+        sum.executed += s.executed;
+        sum.duplicates += s.duplicates;
+        sum.dead_letters += s.dead_letters;
+        sum.retries += s.retries;
+    }
+    sum
+}
