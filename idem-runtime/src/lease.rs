@@ -18,9 +18,29 @@
 //!
 //! **The guarantee is at-least-once, deduplicated.** A worker that crashes after the
 //! effect but before the mark leaves a lease that expires; the next delivery then runs
-//! the effect again. Pass [`Lease::token`] to the external system (as its idempotency
-//! key or fencing token) so that it can refuse the repeat. Expiry is compared on the
-//! database's clock only: no client clock takes part.
+//! the effect again. So does a stalled worker whose lease ran out and was taken over: its
+//! mark is refused with [`Error::LeaseLost`], but its effect has happened. Let the
+//! external system absorb the repeat: pass it [`Lease::key`], the same for every attempt,
+//! as its idempotency key, and [`Lease::token`], new for each claim, to tell the claims
+//! apart (where it needs an ordered fencing token, [`Lease::attempt`] grows with each
+//! claim of the key, until the key is reset).
+//!
+//! Expiries are computed and compared on the database's clock only: every lease statement
+//! uses PostgreSQL's `now()` and none binds a timestamp, so the workers' clocks may drift.
+//! Choose a lease longer than the body usually takes, and [`extend`](Lease::extend) it
+//! from long bodies: once a lease runs out, another worker may run the effect as well.
+//!
+//! # Choosing a mode
+//!
+//! - **Transaction mode** (the default) when the handler's effects are writes to the
+//!   PostgreSQL database that holds the status table: the effects and the key's `success`
+//!   commit together, so they happen exactly once, and a crash leaves nothing behind.
+//! - **Lease mode** (`mode = "lease"`) when the effect is elsewhere: an HTTP call, an
+//!   e-mail, a message to a broker, a write to another database. No transaction covers it;
+//!   the lease lets one worker at a time run the body, and none after a success, and the
+//!   effect is at-least-once, deduplicated by the key and the fencing token.
+//! - Both: split the work into two handlers, or write the external call as an outbox row
+//!   in transaction mode and make the call from a lease-mode handler of the outbox.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -65,9 +85,10 @@ pub enum LeaseError {
 }
 
 impl Lease {
-    /// The owner token of this claim: unique per claim, so an external system that
-    /// remembers the highest token it has seen (or the token it executed) can refuse a
-    /// stale worker.
+    /// The owner token of this claim: a random UUID, new for each claim of the key. An
+    /// external system that records the token of the call it executed can tell a stale
+    /// worker's call from the current one; the tokens are not ordered (see
+    /// [`attempt`](Self::attempt) for a number that grows with each claim).
     pub fn token(&self) -> Uuid {
         self.inner.token
     }
@@ -77,7 +98,8 @@ impl Lease {
         self.inner.key
     }
 
-    /// Which attempt this is (1 for the first execution).
+    /// Which attempt this is (1 for the first execution). It grows with each claim of
+    /// the key, after a failure or an expired lease alike, until [`Idem::reset`].
     pub fn attempt(&self) -> u32 {
         self.inner.attempt
     }
