@@ -41,12 +41,13 @@ struct Inner {
     pool: PgPool,
     config: Config,
     statements: Statements,
+    cache: crate::cache::CacheSlot,
 }
 
 impl Idem {
     /// A handle with the default settings (schema `idem`, 5 attempts, 5 s lock timeout).
     pub fn new(pool: PgPool) -> Self {
-        Self::with_config(pool, Config::default())
+        Self::with_config(pool, Config::default(), Default::default())
     }
 
     /// A builder to change the settings.
@@ -55,16 +56,18 @@ impl Idem {
             pool,
             config: Config::default(),
             schema: None,
+            cache: Default::default(),
         }
     }
 
-    fn with_config(pool: PgPool, config: Config) -> Self {
+    fn with_config(pool: PgPool, config: Config, cache: crate::cache::CacheSlot) -> Self {
         let statements = Statements::new(&config);
         Idem {
             inner: Arc::new(Inner {
                 pool,
                 config,
                 statements,
+                cache,
             }),
         }
     }
@@ -81,6 +84,18 @@ impl Idem {
 
     pub(crate) fn statements(&self) -> &Statements {
         &self.inner.statements
+    }
+
+    pub(crate) fn cache(&self) -> &crate::cache::CacheSlot {
+        &self.inner.cache
+    }
+
+    /// What the Redis cache did so far (hits, misses, errors, writes, ...), or `None`
+    /// without a cache ([`IdemBuilder::redis`]).
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn cache_stats(&self) -> Option<crate::cache::CacheStats> {
+        self.inner.cache.stats()
     }
 
     /// Creates the schema if needed and applies the status table's migrations in it.
@@ -140,6 +155,7 @@ pub struct IdemBuilder {
     pool: PgPool,
     config: Config,
     schema: Option<String>,
+    cache: crate::cache::CacheSlot,
 }
 
 impl IdemBuilder {
@@ -171,6 +187,16 @@ impl IdemBuilder {
         self
     }
 
+    /// Answers duplicates of succeeded keys from Redis before asking PostgreSQL; see
+    /// [`cache`](crate::cache). Takes a [`RedisCache`](crate::cache::RedisCache) (URL,
+    /// TTL, key prefix, timeout) or a `redis::Client`.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub fn redis(mut self, cache: impl Into<crate::cache::RedisCache>) -> Self {
+        self.cache = crate::cache::CacheSlot::new(cache.into());
+        self
+    }
+
     /// Checks the settings and builds the handle.
     pub fn build(mut self) -> Result<Idem, ConfigError> {
         if let Some(schema) = self.schema.take() {
@@ -179,6 +205,6 @@ impl IdemBuilder {
         if self.config.max_attempts == 0 {
             return Err(ConfigError::ZeroAttempts);
         }
-        Ok(Idem::with_config(self.pool, self.config))
+        Ok(Idem::with_config(self.pool, self.config, self.cache))
     }
 }

@@ -49,6 +49,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::Idem;
+use crate::cache::{self, CachePolicy};
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::outcome::{Error, HandlerError, Outcome, error_chain};
@@ -160,12 +161,50 @@ where
     F: FnOnce(Lease) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
+    run_with_cache(
+        idem,
+        spec,
+        CachePolicy::Inherit,
+        key,
+        fingerprint,
+        codec,
+        lease,
+        body,
+    )
+    .await
+}
+
+/// [`run`] with the handler's own use of the Redis cache (`#[idempotent(cache = false)]`
+/// or `cache_ttl = "..."`, feature `redis`); see [`crate::cache`].
+#[allow(clippy::too_many_arguments)]
+pub async fn run_with_cache<T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    cache_policy: CachePolicy,
+    key: IdempotencyKey,
+    fingerprint: Option<[u8; 32]>,
+    codec: C,
+    lease: Duration,
+    body: F,
+) -> Result<Outcome<T>, Error<E>>
+where
+    C: ResultCodec<T>,
+    E: HandlerError,
+    F: FnOnce(Lease) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
     let statements = idem.statements();
     let scope = spec.scope;
     let uuid = key.as_uuid();
     let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);
     let max_attempts = spec.max_attempts.unwrap_or(idem.config().max_attempts());
     let token = Uuid::new_v4();
+    // A key cached as succeeded is a duplicate without a word to PostgreSQL.
+    if let Some(duplicate) =
+        cache::lookup(idem, cache_policy, scope, key, fingerprint, &codec).await
+    {
+        return Ok(duplicate);
+    }
 
     let mut conn = idem.pool().acquire().await?;
     let attempt = match statements
@@ -186,6 +225,8 @@ where
             if mismatch {
                 return Err(Error::PayloadMismatch { key });
             }
+            drop(conn);
+            cache::remember_existing(idem, cache_policy, scope, key, &existing).await;
             return match existing.status {
                 Status::Success => codec
                     .decode(existing.result)
@@ -222,6 +263,8 @@ where
                 .complete_lease(&mut conn, scope, uuid, token, stored.as_ref())
                 .await?
             {
+                drop(conn);
+                cache::remember(idem, cache_policy, scope, key, fingerprint, stored.as_ref()).await;
                 Ok(Outcome::Executed(value))
             } else {
                 tracing::warn!(%key, scope, "lease lost before completion; the outcome was not recorded");

@@ -93,6 +93,7 @@
 //! | `store_result = false` | do not store the result; duplicates get `Outcome::Duplicate(None)` and the result type need not be serde |
 //! | `mode = "lease"`, `lease = "30s"` | lease mode, for effects outside the database: see [`lease`] |
 //! | `batch = true` | also generate `<handler>_batch` over a slice of messages: see [`batch`] |
+//! | `cache = false`, `cache_ttl = "30m"` | feature `redis`: this handler skips the Redis cache of duplicates, or keeps its entries that long (default: the handle's TTL); see [`cache`]. Without the feature, a compile error names it |
 //! | `crate = "path"` | where `idem_runtime` is, when the dependency is renamed |
 //!
 //! # Guarantees
@@ -108,10 +109,15 @@
 //!   is left behind.
 //! - Effects outside the database (HTTP calls, e-mails) are *not* covered: they may repeat
 //!   when a transaction rolls back after them.
+//! - With the `redis` feature and a cache on the handle (`IdemBuilder::redis`), a
+//!   duplicate of a succeeded key is answered from Redis without a query to PostgreSQL;
+//!   only committed successes are cached, and Redis being down or slow only sends
+//!   deliveries back to PostgreSQL: see [`cache`].
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod batch;
+pub mod cache;
 pub mod config;
 mod handle;
 pub mod handler;
@@ -132,10 +138,12 @@ pub use outcome::{Disposition, Error, Handled, HandlerError, HandlerResult, Outc
 #[doc(hidden)]
 pub mod __private {
     pub use crate::batch::run as run_batch;
+    pub use crate::cache::{CacheSwitch, CacheTtlMillis, handler_cache};
     pub use crate::handler::{HandlerSpec, JsonResult, NoResult};
     pub use crate::key::{KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart};
-    pub use crate::lease::{Lease, run as run_lease};
+    pub use crate::lease::{Lease, run as run_lease, run_with_cache as run_lease_with_cache};
     pub use crate::transactional::run as run_transactional;
+    pub use crate::transactional::run_with_cache as run_transactional_with_cache;
     pub use crate::{Error, Handled, HandlerResult, Idem, IdempotencyKey, Outcome};
     pub use sqlx::PgConnection;
 

@@ -22,6 +22,7 @@ use std::time::Duration;
 use sqlx::{Executor, PgConnection, Postgres, Transaction};
 
 use crate::Idem;
+use crate::cache::{self, CachePolicy};
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::outcome::{Error, HandlerError, Outcome, error_chain, is_transient};
@@ -62,6 +63,35 @@ pub async fn run<T, E, C, F, Fut>(
     key: IdempotencyKey,
     fingerprint: Option<[u8; 32]>,
     codec: C,
+    body: F,
+) -> Result<Outcome<T>, Error<E>>
+where
+    C: ResultCodec<T>,
+    E: HandlerError,
+    F: FnMut(Transaction<'static, Postgres>) -> Fut,
+    Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
+{
+    run_with_cache(
+        idem,
+        spec,
+        CachePolicy::Inherit,
+        key,
+        fingerprint,
+        codec,
+        body,
+    )
+    .await
+}
+
+/// [`run`] with the handler's own use of the Redis cache (`#[idempotent(cache = false)]`
+/// or `cache_ttl = "..."`, feature `redis`); see [`crate::cache`].
+pub async fn run_with_cache<T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    cache_policy: CachePolicy,
+    key: IdempotencyKey,
+    fingerprint: Option<[u8; 32]>,
+    codec: C,
     mut body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
@@ -76,6 +106,12 @@ where
     let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);
     let max_attempts = spec.max_attempts.unwrap_or(idem.config().max_attempts());
     let mut retries = Retries::new(idem.config().transient_retries());
+    // A key cached as succeeded is a duplicate without a word to PostgreSQL.
+    if let Some(duplicate) =
+        cache::lookup(idem, cache_policy, scope, key, fingerprint, &codec).await
+    {
+        return Ok(duplicate);
+    }
 
     loop {
         let mut tx = idem.pool().begin_with(statements.begin.clone()).await?;
@@ -84,6 +120,7 @@ where
             Ok(Claimed::Found(existing)) => {
                 // Read-only so far: dropping the transaction rolls it back on release.
                 drop(tx);
+                cache::remember_existing(idem, cache_policy, scope, key, &existing).await;
                 return decide(key, existing, &codec);
             }
             Ok(Claimed::Mismatch) => return Err(Error::PayloadMismatch { key }),
@@ -99,7 +136,18 @@ where
             Ok(value) => {
                 let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;
                 match commit(idem, tx, scope, key, stored.as_ref()).await {
-                    Ok(()) => return Ok(Outcome::Executed(value)),
+                    Ok(()) => {
+                        cache::remember(
+                            idem,
+                            cache_policy,
+                            scope,
+                            key,
+                            fingerprint,
+                            stored.as_ref(),
+                        )
+                        .await;
+                        return Ok(Outcome::Executed(value));
+                    }
                     Err(error) if retries.take(&error).await => continue,
                     Err(error) => return Err(Error::Database(error)),
                 }

@@ -1,0 +1,745 @@
+//! The Redis cache of succeeded keys (cargo feature `redis`).
+//!
+//! A burst of redeliveries (a consumer group rebalance, a producer retrying) asks about
+//! keys that have just succeeded. With a cache set up on the runtime handle
+//! (`IdemBuilder::redis`, with the feature), such a duplicate is answered from
+//! Redis without touching PostgreSQL, which stays the only source of truth:
+//!
+//! - every delivery looks its key up in Redis first (`GET <prefix><scope>:<key>`); an
+//!   entry means "this key has succeeded": the delivery returns
+//!   [`Outcome::Duplicate`] with the result stored in the entry, and the body does not run;
+//! - only a committed success is written (`SET ... PX <ttl>`), after the commit, and when
+//!   PostgreSQL answers a duplicate with a `success` row (warming the cache for the next
+//!   one). A key that is in progress, failed or parked is never written;
+//! - the entry holds the payload fingerprint: a delivery whose fingerprint differs is
+//!   passed on to PostgreSQL, which answers [`Error::PayloadMismatch`](crate::Error::PayloadMismatch);
+//! - Redis being down, slow or holding something unreadable never fails a delivery:
+//!   every call is bounded by a short timeout and the delivery falls back to PostgreSQL.
+//!   After a connection failure or a timeout, Redis is left alone for a short while
+//!   (deliveries go straight to PostgreSQL, counted as `skipped`), then one delivery
+//!   probes it again; the connection is re-established by itself;
+//! - entries expire after the TTL (default 10 minutes, a little above a typical retry
+//!   window); an expired or evicted entry only means that PostgreSQL answers again.
+//!
+//! A handler can opt out, or keep its entries for another time, with
+//! `#[idempotent(cache = false)]` or `#[idempotent(cache_ttl = "30m")]`; these arguments
+//! need the `redis` feature, and without it they are a compile error that says so.
+//!
+//! Because an entry is final for its TTL, removing a `success` row by hand (to run a
+//! key's body again) must also delete `<prefix><scope>:<key>` from Redis, or wait for
+//! the TTL. [`Idem::reset`](crate::Idem::reset) does not concern cached keys: it only
+//! applies to failed and parked keys, which are never cached.
+
+use std::time::Duration;
+
+use crate::Idem;
+use crate::handler::ResultCodec;
+use crate::key::IdempotencyKey;
+use crate::outcome::Outcome;
+use crate::store::Existing;
+
+/// How one handler uses the runtime handle's Redis cache.
+///
+/// `#[idempotent]` passes [`CachePolicy::Inherit`] unless the handler says otherwise with
+/// `cache = false` ([`CachePolicy::Off`]) or `cache_ttl = "..."` ([`CachePolicy::Ttl`]).
+/// Without a cache on the handle, every policy means "no cache".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CachePolicy {
+    /// Use the handle's cache, with its TTL.
+    #[default]
+    Inherit,
+    /// Neither read nor write the cache for this handler.
+    Off,
+    /// Use the handle's cache, with this TTL for this handler's entries.
+    Ttl(Duration),
+}
+
+/// A handler-level cache argument of `#[idempotent]`. Implemented only with the `redis`
+/// feature, so that using such an argument without it is a compile error naming it.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`cache` and `cache_ttl` in #[idempotent] need the `redis` feature of idem-runtime",
+    label = "this argument configures the Redis cache of duplicates",
+    note = "enable the feature in Cargo.toml: `idem-runtime = {{ version = \"0.1\", features = [\"redis\"] }}`, or remove the argument"
+)]
+pub trait HandlerCacheOption {
+    /// The policy the argument stands for.
+    fn policy(self) -> CachePolicy;
+}
+
+/// `cache = true | false`.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct CacheSwitch(pub bool);
+
+/// `cache_ttl = "..."`, in milliseconds.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy)]
+pub struct CacheTtlMillis(pub u64);
+
+#[cfg(feature = "redis")]
+impl HandlerCacheOption for CacheSwitch {
+    fn policy(self) -> CachePolicy {
+        if self.0 {
+            CachePolicy::Inherit
+        } else {
+            CachePolicy::Off
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl HandlerCacheOption for CacheTtlMillis {
+    fn policy(self) -> CachePolicy {
+        CachePolicy::Ttl(Duration::from_millis(self.0))
+    }
+}
+
+/// The policy of a handler-level cache argument (what `#[idempotent]` generates a call of).
+#[doc(hidden)]
+pub fn handler_cache<O: HandlerCacheOption>(option: O) -> CachePolicy {
+    option.policy()
+}
+
+/// The cache of a runtime handle, if one is set up.
+#[derive(Debug, Default)]
+pub(crate) struct CacheSlot {
+    #[cfg(feature = "redis")]
+    cache: Option<Cache>,
+}
+
+#[cfg(feature = "redis")]
+impl CacheSlot {
+    pub(crate) fn new(settings: RedisCache) -> Self {
+        CacheSlot {
+            cache: Some(Cache::new(settings)),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> Option<CacheStats> {
+        self.cache.as_ref().map(Cache::stats)
+    }
+
+    /// The cache and the TTL of its entries under `policy`, if the cache is in use.
+    fn active(&self, policy: CachePolicy) -> Option<(&Cache, Duration)> {
+        let cache = self.cache.as_ref()?;
+        match policy {
+            CachePolicy::Inherit => Some((cache, cache.settings.ttl)),
+            CachePolicy::Ttl(ttl) => Some((cache, ttl)),
+            CachePolicy::Off => None,
+        }
+    }
+}
+
+/// The duplicate outcome for `key` from the cache, if the key is cached as succeeded with
+/// a matching fingerprint. `None` sends the delivery on to PostgreSQL.
+pub(crate) async fn lookup<T, C: ResultCodec<T>>(
+    idem: &Idem,
+    policy: CachePolicy,
+    scope: &str,
+    key: IdempotencyKey,
+    fingerprint: Option<&[u8]>,
+    codec: &C,
+) -> Option<Outcome<T>> {
+    #[cfg(feature = "redis")]
+    if let Some((cache, _)) = idem.cache().active(policy) {
+        return cache.lookup(scope, key, fingerprint, codec).await;
+    }
+    #[cfg(not(feature = "redis"))]
+    let _ = (idem.cache(), policy, scope, key, fingerprint, codec);
+    None
+}
+
+/// Writes a committed success of `key` to the cache. Never fails: a write that does not
+/// happen only means that the next duplicate asks PostgreSQL.
+pub(crate) async fn remember(
+    idem: &Idem,
+    policy: CachePolicy,
+    scope: &str,
+    key: IdempotencyKey,
+    fingerprint: Option<&[u8]>,
+    result: Option<&serde_json::Value>,
+) {
+    #[cfg(feature = "redis")]
+    if let Some((cache, ttl)) = idem.cache().active(policy) {
+        cache.store(ttl, scope, key, fingerprint, result).await;
+    }
+    #[cfg(not(feature = "redis"))]
+    let _ = (idem.cache(), policy, scope, key, fingerprint, result);
+}
+
+/// Writes the row that PostgreSQL answered a duplicate with, if it is a `success`.
+pub(crate) async fn remember_existing(
+    idem: &Idem,
+    policy: CachePolicy,
+    scope: &str,
+    key: IdempotencyKey,
+    existing: &Existing,
+) {
+    if existing.status == crate::store::Status::Success {
+        remember(
+            idem,
+            policy,
+            scope,
+            key,
+            existing.fingerprint.as_deref(),
+            existing.result.as_ref(),
+        )
+        .await;
+    }
+}
+
+#[cfg(feature = "redis")]
+pub use with_redis::{CacheStats, RedisCache};
+
+/// The `redis` crate, as idem-runtime uses it (to build a [`RedisCache`] from a client or
+/// connection manager of the same version).
+#[cfg(feature = "redis")]
+pub use redis;
+
+#[cfg(feature = "redis")]
+use with_redis::Cache;
+
+#[cfg(feature = "redis")]
+mod with_redis {
+    use std::fmt;
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+    use redis::{Client, FromRedisValue, RedisError};
+    use serde::{Deserialize, Serialize};
+
+    use crate::handler::ResultCodec;
+    use crate::key::IdempotencyKey;
+    use crate::outcome::Outcome;
+
+    /// The settings of the Redis cache of a runtime handle; give it to
+    /// [`IdemBuilder::redis`](crate::IdemBuilder::redis).
+    ///
+    /// Creating it does not connect: the connection is made on first use, and a Redis
+    /// that is down at start-up only means that PostgreSQL answers until it is up.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use idem_runtime::{Idem, cache::RedisCache};
+    ///
+    /// # async fn start(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// let cache = RedisCache::from_url("redis://127.0.0.1:6379")?
+    ///     .prefix("billing:idem:")          // default "idem:"
+    ///     .ttl(Duration::from_secs(15 * 60)) // default 10 minutes
+    ///     .timeout(Duration::from_millis(50)); // default 100 ms
+    /// let idem = Idem::builder(pool).redis(cache).build()?;
+    /// idem.migrate().await?;
+    /// // ... deliver messages; duplicates of succeeded keys are answered from Redis.
+    /// println!("{:?}", idem.cache_stats());
+    /// # Ok(()) }
+    /// ```
+    #[derive(Clone)]
+    pub struct RedisCache {
+        source: Source,
+        pub(super) ttl: Duration,
+        prefix: String,
+        timeout: Duration,
+        retry_after: Duration,
+    }
+
+    #[derive(Clone)]
+    enum Source {
+        Client(Client),
+        Manager(ConnectionManager),
+    }
+
+    impl RedisCache {
+        /// The default TTL of an entry: 10 minutes, a little above a typical retry window.
+        pub const DEFAULT_TTL: Duration = Duration::from_secs(600);
+        /// The default prefix of the entries' names.
+        pub const DEFAULT_PREFIX: &'static str = "idem:";
+        /// The default bound of one call to Redis.
+        pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+        /// The default time Redis is left alone after it failed.
+        pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+        /// A cache over `client` (connected on first use, with the timeouts of this cache).
+        pub fn new(client: Client) -> Self {
+            Self::with_source(Source::Client(client))
+        }
+
+        /// A cache over an existing connection manager (its reconnection settings stay as
+        /// they are; every call is still bounded by [`RedisCache::timeout`]).
+        pub fn with_manager(manager: ConnectionManager) -> Self {
+            Self::with_source(Source::Manager(manager))
+        }
+
+        /// A cache at `url` (`redis://host:port/db`). Parses the URL; does not connect.
+        pub fn from_url(url: &str) -> Result<Self, RedisError> {
+            Client::open(url).map(Self::new)
+        }
+
+        fn with_source(source: Source) -> Self {
+            RedisCache {
+                source,
+                ttl: Self::DEFAULT_TTL,
+                prefix: Self::DEFAULT_PREFIX.to_owned(),
+                timeout: Self::DEFAULT_TIMEOUT,
+                retry_after: Self::DEFAULT_RETRY_AFTER,
+            }
+        }
+
+        /// How long an entry lives (default 10 minutes). Choose a little more than the
+        /// longest window in which a message is redelivered; a handler can set its own
+        /// with `#[idempotent(cache_ttl = "...")]`.
+        pub fn ttl(mut self, ttl: Duration) -> Self {
+            self.ttl = ttl;
+            self
+        }
+
+        /// The prefix of the entries' names, `<prefix><scope>:<key>` (default `idem:`), so
+        /// that several applications can share one Redis.
+        pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+            self.prefix = prefix.into();
+            self
+        }
+
+        /// The bound of one call to Redis, connecting included (default 100 ms). A call
+        /// that takes longer is abandoned and the delivery asks PostgreSQL.
+        pub fn timeout(mut self, timeout: Duration) -> Self {
+            self.timeout = timeout;
+            self
+        }
+
+        /// After a connection failure or a timeout, how long deliveries skip Redis before
+        /// one of them tries it again (default 1 s).
+        pub fn retry_after(mut self, retry_after: Duration) -> Self {
+            self.retry_after = retry_after;
+            self
+        }
+    }
+
+    impl From<Client> for RedisCache {
+        fn from(client: Client) -> Self {
+            RedisCache::new(client)
+        }
+    }
+
+    impl From<ConnectionManager> for RedisCache {
+        fn from(manager: ConnectionManager) -> Self {
+            RedisCache::with_manager(manager)
+        }
+    }
+
+    impl fmt::Debug for RedisCache {
+        // Not the client: its connection info can hold a password.
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("RedisCache")
+                .field("ttl", &self.ttl)
+                .field("prefix", &self.prefix)
+                .field("timeout", &self.timeout)
+                .field("retry_after", &self.retry_after)
+                .finish_non_exhaustive()
+        }
+    }
+
+    /// What the cache of a runtime handle did since it was built
+    /// ([`Idem::cache_stats`](crate::Idem::cache_stats)).
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    pub struct CacheStats {
+        /// Deliveries answered from Redis (PostgreSQL not queried).
+        pub hits: u64,
+        /// Look-ups that found no entry, or one with another payload fingerprint.
+        pub misses: u64,
+        /// Look-ups that failed: timeout, connection error, error reply, unreadable entry.
+        /// The delivery asked PostgreSQL.
+        pub errors: u64,
+        /// Look-ups and writes not attempted because Redis failed shortly before.
+        pub skipped: u64,
+        /// Successes written to Redis.
+        pub writes: u64,
+        /// Writes that failed (harmless: the next duplicate asks PostgreSQL).
+        pub write_errors: u64,
+    }
+
+    #[derive(Default)]
+    struct Counters {
+        hits: AtomicU64,
+        misses: AtomicU64,
+        errors: AtomicU64,
+        skipped: AtomicU64,
+        writes: AtomicU64,
+        write_errors: AtomicU64,
+    }
+
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The live cache of a runtime handle.
+    pub(crate) struct Cache {
+        pub(super) settings: RedisCache,
+        manager: OnceLock<ConnectionManager>,
+        /// Milliseconds since `epoch` until which Redis is skipped; 0 while it is healthy.
+        down_until: AtomicU64,
+        epoch: Instant,
+        counters: Counters,
+    }
+
+    impl fmt::Debug for Cache {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("Cache")
+                .field("settings", &self.settings)
+                .field("stats", &self.stats())
+                .finish_non_exhaustive()
+        }
+    }
+
+    /// Why a call to Redis gave no answer.
+    enum Failure {
+        /// No reply within the timeout.
+        Timeout,
+        /// A connection error, or an error reply.
+        Redis(RedisError),
+    }
+
+    impl fmt::Display for Failure {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self {
+                Failure::Timeout => f.write_str("no reply within the timeout"),
+                Failure::Redis(error) => write!(f, "{error}"),
+            }
+        }
+    }
+
+    /// A connection-level failure: the server may be gone, so it is left alone a while.
+    fn is_connection_error(error: &RedisError) -> bool {
+        error.is_io_error()
+            || error.is_connection_dropped()
+            || error.is_connection_refusal()
+            || error.is_timeout()
+    }
+
+    impl Cache {
+        pub(super) fn new(settings: RedisCache) -> Self {
+            let manager = OnceLock::new();
+            if let Source::Manager(existing) = &settings.source {
+                let _ = manager.set(existing.clone());
+            }
+            Cache {
+                settings,
+                manager,
+                down_until: AtomicU64::new(0),
+                epoch: Instant::now(),
+                counters: Counters::default(),
+            }
+        }
+
+        pub(super) fn stats(&self) -> CacheStats {
+            let c = &self.counters;
+            let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+            CacheStats {
+                hits: get(&c.hits),
+                misses: get(&c.misses),
+                errors: get(&c.errors),
+                skipped: get(&c.skipped),
+                writes: get(&c.writes),
+                write_errors: get(&c.write_errors),
+            }
+        }
+
+        /// `<prefix><scope>:<key>`. The key has a fixed length, so the name is unambiguous.
+        fn name(&self, scope: &str, key: IdempotencyKey) -> String {
+            format!("{}{scope}:{key}", self.settings.prefix)
+        }
+
+        pub(super) async fn lookup<T, C: ResultCodec<T>>(
+            &self,
+            scope: &str,
+            key: IdempotencyKey,
+            fingerprint: Option<&[u8]>,
+            codec: &C,
+        ) -> Option<Outcome<T>> {
+            if !self.admit() {
+                bump(&self.counters.skipped);
+                return None;
+            }
+            let name = self.name(scope, key);
+            let mut get = redis::cmd("GET");
+            get.arg(&name);
+            let entry = match self.call::<Option<Vec<u8>>>(&get).await {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => {
+                    bump(&self.counters.misses);
+                    return None;
+                }
+                Err(failure) => {
+                    bump(&self.counters.errors);
+                    tracing::debug!(%key, scope, error = %failure, "redis cache look-up failed; asking PostgreSQL");
+                    return None;
+                }
+            };
+            let Some(entry) = Entry::decode(&entry) else {
+                bump(&self.counters.errors);
+                tracing::warn!(
+                    name,
+                    "unreadable redis cache entry (not written by this version of idem?); asking PostgreSQL"
+                );
+                return None;
+            };
+            let mismatch = matches!((fingerprint, &entry.fingerprint), (Some(ours), Some(theirs)) if ours != theirs.as_slice());
+            if mismatch {
+                // PostgreSQL answers with the payload mismatch.
+                bump(&self.counters.misses);
+                return None;
+            }
+            match codec.decode(entry.result) {
+                Ok(value) => {
+                    bump(&self.counters.hits);
+                    Some(Outcome::Duplicate(value))
+                }
+                Err(error) => {
+                    bump(&self.counters.errors);
+                    tracing::warn!(name, %error, "the cached result does not decode as the handler's result type; asking PostgreSQL");
+                    None
+                }
+            }
+        }
+
+        pub(super) async fn store(
+            &self,
+            ttl: Duration,
+            scope: &str,
+            key: IdempotencyKey,
+            fingerprint: Option<&[u8]>,
+            result: Option<&serde_json::Value>,
+        ) {
+            if !self.admit() {
+                bump(&self.counters.skipped);
+                return;
+            }
+            let ttl_millis = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+            let mut set = redis::cmd("SET");
+            set.arg(self.name(scope, key))
+                .arg(Entry::encode(fingerprint, result))
+                .arg("PX")
+                .arg(ttl_millis);
+            match self.call::<()>(&set).await {
+                Ok(()) => bump(&self.counters.writes),
+                Err(failure) => {
+                    bump(&self.counters.write_errors);
+                    tracing::debug!(%key, scope, error = %failure, "redis cache write failed (harmless: PostgreSQL has the key)");
+                }
+            }
+        }
+
+        /// One command, bounded by the timeout. A connection error is retried once within
+        /// the same bound: the first call after a lost connection is what makes the
+        /// connection manager reconnect.
+        async fn call<T: FromRedisValue>(&self, command: &redis::Cmd) -> Result<T, Failure> {
+            let attempt = async {
+                let mut connection = self.connection()?;
+                match command.query_async::<T>(&mut connection).await {
+                    Err(error) if is_connection_error(&error) => {
+                        command.query_async::<T>(&mut connection).await
+                    }
+                    other => other,
+                }
+            };
+            match tokio::time::timeout(self.settings.timeout, attempt).await {
+                Ok(Ok(value)) => {
+                    self.healthy();
+                    Ok(value)
+                }
+                Ok(Err(error)) => {
+                    if is_connection_error(&error) {
+                        self.failed(&error);
+                    } else {
+                        // The server answered (an error reply): it is up.
+                        self.healthy();
+                    }
+                    Err(Failure::Redis(error))
+                }
+                Err(_elapsed) => {
+                    self.failed(&Failure::Timeout);
+                    Err(Failure::Timeout)
+                }
+            }
+        }
+
+        /// The connection manager, created on first use (inside the caller's runtime).
+        fn connection(&self) -> Result<ConnectionManager, RedisError> {
+            if let Some(manager) = self.manager.get() {
+                return Ok(manager.clone());
+            }
+            let Source::Client(client) = &self.settings.source else {
+                unreachable!("a cache over a connection manager holds it from the start");
+            };
+            // One connection attempt per call: the breaker below paces the attempts.
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.settings.timeout))
+                .set_response_timeout(Some(self.settings.timeout))
+                .set_number_of_retries(0);
+            let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+            Ok(self.manager.get_or_init(|| manager).clone())
+        }
+
+        fn now_millis(&self) -> u64 {
+            u64::try_from(self.epoch.elapsed().as_millis())
+                .unwrap_or(u64::MAX)
+                .saturating_add(1)
+        }
+
+        fn retry_after_millis(&self) -> u64 {
+            u64::try_from(self.settings.retry_after.as_millis()).unwrap_or(u64::MAX)
+        }
+
+        /// Whether to call Redis now: always while it is healthy; after a failure, only
+        /// the first caller once `retry_after` has passed (it probes; the others skip).
+        fn admit(&self) -> bool {
+            let until = self.down_until.load(Ordering::Acquire);
+            if until == 0 {
+                return true;
+            }
+            let now = self.now_millis();
+            if now < until {
+                return false;
+            }
+            let next = now.saturating_add(self.retry_after_millis());
+            self.down_until
+                .compare_exchange(until, next, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        }
+
+        fn healthy(&self) {
+            if self.down_until.load(Ordering::Acquire) != 0
+                && self.down_until.swap(0, Ordering::AcqRel) != 0
+            {
+                tracing::info!("redis cache reachable again");
+            }
+        }
+
+        fn failed(&self, error: &dyn fmt::Display) {
+            let until = self.now_millis().saturating_add(self.retry_after_millis());
+            if self.down_until.swap(until, Ordering::AcqRel) == 0 {
+                tracing::warn!(
+                    %error,
+                    retry_after = ?self.settings.retry_after,
+                    "redis cache unavailable; deliveries ask PostgreSQL until it is back"
+                );
+            }
+        }
+    }
+
+    /// An entry: the key succeeded, with this fingerprint and this stored result.
+    ///
+    /// JSON, readable with `redis-cli`: `{"v":1,"fp":"<hex>","r":<result>}`; `fp` and `r`
+    /// are left out when there is none.
+    pub(super) struct Entry {
+        pub fingerprint: Option<Vec<u8>>,
+        pub result: Option<serde_json::Value>,
+    }
+
+    const ENTRY_VERSION: u8 = 1;
+
+    #[derive(Serialize)]
+    struct EntryOut<'a> {
+        v: u8,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        fp: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        r: Option<&'a serde_json::Value>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct EntryIn {
+        v: u8,
+        #[serde(default)]
+        fp: Option<String>,
+        #[serde(default)]
+        r: Option<serde_json::Value>,
+    }
+
+    impl Entry {
+        pub(super) fn encode(
+            fingerprint: Option<&[u8]>,
+            result: Option<&serde_json::Value>,
+        ) -> Vec<u8> {
+            let entry = EntryOut {
+                v: ENTRY_VERSION,
+                fp: fingerprint.map(hex),
+                r: result,
+            };
+            serde_json::to_vec(&entry).expect("a JSON value always serializes")
+        }
+
+        /// The entry, or `None` for anything this version did not write.
+        pub(super) fn decode(bytes: &[u8]) -> Option<Entry> {
+            let entry: EntryIn = serde_json::from_slice(bytes).ok()?;
+            if entry.v != ENTRY_VERSION {
+                return None;
+            }
+            let fingerprint = match entry.fp {
+                Some(text) => Some(unhex(&text)?),
+                None => None,
+            };
+            Some(Entry {
+                fingerprint,
+                result: entry.r,
+            })
+        }
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        use std::fmt::Write;
+        bytes.iter().fold(String::new(), |mut text, byte| {
+            let _ = write!(text, "{byte:02x}");
+            text
+        })
+    }
+
+    fn unhex(text: &str) -> Option<Vec<u8>> {
+        if text.len() % 2 != 0 {
+            return None;
+        }
+        (0..text.len())
+            .step_by(2)
+            .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
+            .collect()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn entries_round_trip() {
+            let fingerprint = [7u8; 32];
+            let result = serde_json::json!({"payment_id": 42});
+            let bytes = Entry::encode(Some(&fingerprint), Some(&result));
+            let entry = Entry::decode(&bytes).expect("decodes");
+            assert_eq!(entry.fingerprint.as_deref(), Some(&fingerprint[..]));
+            assert_eq!(entry.result, Some(result));
+
+            let bare = Entry::encode(None, None);
+            assert_eq!(bare, br#"{"v":1}"#);
+            let entry = Entry::decode(&bare).expect("decodes");
+            assert!(entry.fingerprint.is_none() && entry.result.is_none());
+        }
+
+        #[test]
+        fn garbage_is_not_an_entry() {
+            for garbage in [
+                &b"OK"[..],
+                b"",
+                b"{}",
+                br#"{"v":2}"#,
+                br#"{"v":1,"fp":"zz"}"#,
+                br#"{"v":1,"fp":"abc"}"#,
+                br#"{"v":1,"other":true}"#,
+                b"\xff\xfe",
+            ] {
+                assert!(Entry::decode(garbage).is_none(), "{garbage:?}");
+            }
+        }
+    }
+}
