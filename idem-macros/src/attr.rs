@@ -5,7 +5,7 @@ use syn::meta::ParseNestedMeta;
 use syn::{Ident, LitBool, LitInt, LitStr, Path};
 
 /// Every argument the attribute accepts, for the "unknown argument" message.
-const VALID: &str = "`key`, `scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `crate`";
+const VALID: &str = "`key`, `scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `crate`";
 
 /// How a handler's key is held while its body runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -14,6 +14,15 @@ pub enum Mode {
     Transaction,
     /// Under a lease committed on its own, for effects outside the database.
     Lease,
+}
+
+/// A handler-level Redis cache argument, with the span of its value.
+#[derive(Clone, Copy)]
+pub enum CacheArg {
+    /// `cache = true | false`.
+    Switch(bool, Span),
+    /// `cache_ttl = "..."`, in milliseconds.
+    Ttl(u64, Span),
 }
 
 /// The lease of a lease-mode handler without `lease = "..."`.
@@ -46,6 +55,10 @@ pub struct Args {
     pub krate: Option<Path>,
     pub mode: Option<(Mode, LitStr)>,
     pub lease: Option<(u64, LitStr)>,
+    /// `cache = false`: this handler neither reads nor writes the Redis cache.
+    pub cache: Option<LitBool>,
+    /// `cache_ttl = "30m"`: the TTL of this handler's Redis cache entries, in milliseconds.
+    pub cache_ttl: Option<(u64, LitStr)>,
     /// Errors found so far; they are all reported together.
     pub errors: Vec<syn::Error>,
 }
@@ -145,6 +158,26 @@ impl Args {
                     &mut self.errors,
                 );
             }
+            "cache" => {
+                let literal: LitBool = meta.value()?.parse()?;
+                set(&mut self.cache, literal, span, &name, &mut self.errors);
+            }
+            "cache_ttl" => {
+                let literal: LitStr = meta.value()?.parse()?;
+                let Some(millis) = parse_duration_millis(&literal.value()) else {
+                    return Err(syn::Error::new(
+                        literal.span(),
+                        "`cache_ttl` must be a duration such as \"90s\", \"10m\" or \"1h\", greater than zero",
+                    ));
+                };
+                set(
+                    &mut self.cache_ttl,
+                    (millis, literal),
+                    span,
+                    &name,
+                    &mut self.errors,
+                );
+            }
             "crate" => {
                 let literal: LitStr = meta.value()?.parse()?;
                 let path = literal.parse_with(Path::parse_mod_style)?;
@@ -186,6 +219,23 @@ impl Args {
             ));
         }
         flag.value
+    }
+
+    /// The handler's own use of the Redis cache, if it says anything about it. Records an
+    /// error for `cache_ttl` with `cache = false`.
+    pub fn cache(&mut self) -> Option<CacheArg> {
+        match (&self.cache, &self.cache_ttl) {
+            (Some(flag), Some((_, literal))) if !flag.value => {
+                self.errors.push(syn::Error::new(
+                    literal.span(),
+                    "`cache_ttl` has no effect with `cache = false`: remove one of them",
+                ));
+                None
+            }
+            (_, Some((millis, literal))) => Some(CacheArg::Ttl(*millis, literal.span())),
+            (Some(flag), None) => Some(CacheArg::Switch(flag.value, flag.span)),
+            (None, None) => None,
+        }
     }
 
     /// The lease duration of a lease-mode handler, in milliseconds.

@@ -6,7 +6,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, Pat, PatType, ReturnType, Type};
 
-use crate::attr::{Args, FieldList, Mode};
+use crate::attr::{Args, CacheArg, FieldList, Mode};
 
 /// The handler's parts that the expansion needs, once checked.
 struct Handler<'a> {
@@ -22,6 +22,7 @@ struct Handler<'a> {
 pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Error>> {
     let mode = args.mode();
     let batch = args.batch(mode);
+    let cache = args.cache();
     let handler = check_signature(item, mode, &mut args.errors);
     if args.key.is_none() {
         args.errors.push(syn::Error::new(
@@ -140,6 +141,34 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         #private::check_handler_result::<#output, _>(&#codec);
     };
 
+    // A handler-level cache argument selects the runners that take a cache policy. The
+    // policy is built through a trait that the runtime implements only with its `redis`
+    // feature: spanned on the argument, so that the error names the feature there.
+    let (run_transactional, run_lease, cache_policy) = match cache {
+        None => (
+            quote!(#private::run_transactional),
+            quote!(#private::run_lease),
+            quote!(),
+        ),
+        Some(argument) => {
+            let policy = match argument {
+                CacheArg::Switch(on, span) => {
+                    let private = respan(&private, span);
+                    quote_spanned!(span=> #private::handler_cache(#private::CacheSwitch(#on)))
+                }
+                CacheArg::Ttl(millis, span) => {
+                    let private = respan(&private, span);
+                    quote_spanned!(span=> #private::handler_cache(#private::CacheTtlMillis(#millis)))
+                }
+            };
+            (
+                quote!(#private::run_transactional_with_cache),
+                quote!(#private::run_lease_with_cache),
+                quote!(#policy,),
+            )
+        }
+    };
+
     let call = match mode {
         Mode::Transaction => {
             let context = handler
@@ -147,9 +176,10 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                 .expect("checked: transaction handlers take a connection");
             let (connection_pat, connection_ty) = (&context.pat, &context.ty);
             quote! {
-                #private::run_transactional(
+                #run_transactional(
                     #idem,
                     &#spec,
+                    #cache_policy
                     #key,
                     #fingerprint,
                     #codec,
@@ -171,9 +201,10 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                 quote!(let #lease_pat: #lease_ty = &#transaction;)
             });
             quote! {
-                #private::run_lease(
+                #run_lease(
                     #idem,
                     &#spec,
+                    #cache_policy
                     #key,
                     #fingerprint,
                     #codec,
@@ -282,6 +313,25 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             #call
         }
     })
+}
+
+/// `tokens` with every span set to `span`, so that an error about them points there.
+fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
+    tokens
+        .clone()
+        .into_iter()
+        .map(|mut token| {
+            if let proc_macro2::TokenTree::Group(group) = &token {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respan(&group.stream(), span));
+                inner.set_span(span);
+                token = proc_macro2::TokenTree::Group(inner);
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
 }
 
 /// `KeyBuilder::new().part("a", &msg.a)?.part(...)?`, spanned on the literal naming the fields.
