@@ -1,0 +1,41 @@
+//! A duplicate that PostgreSQL answers with `success` writes the key to Redis, so that the next duplicate is answered from Redis.
+#![cfg(feature = "redis")]
+
+mod redis_support;
+
+use idem_runtime::{Idem, Outcome, idempotent};
+use idem_suite::orders::OrderEvent;
+use idem_suite::testing;
+use sqlx::{PgConnection, PgPool};
+
+#[idempotent(key = "order_id", scope = "warm_pay")]
+async fn pay(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
+    testing::insert_effect(tx, event).await
+}
+
+#[sqlx::test(migrations = false)]
+async fn postgres_duplicate_warms_the_cache(pool: PgPool) {
+    // Executed through a handle without a cache: Redis knows nothing of the key.
+    let plain = testing::setup_with(Idem::new(pool.clone())).await;
+    let event = testing::paid("o-warm", 200);
+    let Outcome::Executed(id) = pay(&plain, &event).await.unwrap() else {
+        panic!("the first delivery executes");
+    };
+
+    let (cached, prefix) = redis_support::setup(&pool).await;
+    assert_eq!(
+        pay(&cached, &event).await.unwrap(),
+        Outcome::Duplicate(Some(id))
+    );
+    let stats = redis_support::stats(&cached);
+    assert_eq!((stats.misses, stats.hits, stats.writes), (1, 0, 1));
+    let url = redis_support::redis_url();
+    assert_eq!(redis_support::names_under(&url, &prefix).await.len(), 1);
+
+    pool.close().await;
+    assert_eq!(
+        pay(&cached, &event).await.unwrap(),
+        Outcome::Duplicate(Some(id))
+    );
+    assert_eq!(redis_support::stats(&cached).hits, 1);
+}
