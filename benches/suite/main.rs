@@ -591,6 +591,16 @@ async fn wait_for_idle(pool: &PgPool) {
     }
 }
 
+/// CPU time of a local PostgreSQL backend so far (Linux), in nanoseconds.
+fn backend_cpu_ns(pid: i32) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Counts, through the counting proxy, the round trips and protocol messages per message
 /// of `scenario` at concurrency 1; and, from the server's statistics, the transactions,
 /// row writes and WAL per message.
@@ -631,13 +641,20 @@ async fn probe(
     for iteration in 0..WARMUP {
         cell.step(0, iteration).await?;
     }
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await?;
     wait_for_idle(&pool).await;
+    let cpu_before = backend_cpu_ns(backend);
     let start = proxy.counters.snapshot();
     for iteration in WARMUP..WARMUP + messages {
         cell.step(0, iteration).await?;
     }
     wait_for_idle(&pool).await;
     let wire = proxy.counters.snapshot().since(start);
+    let server_cpu_us = cpu_before
+        .zip(backend_cpu_ns(backend))
+        .map(|(before, after)| (after - before) as f64 / 1000.0 / messages as f64);
     // Every simple query and every sync is answered by one ReadyForQuery: a check of the
     // proxy's framing.
     if wire.ready != wire.simple_queries + wire.syncs {
@@ -668,6 +685,7 @@ async fn probe(
             parses: wire.parses as f64 / n,
             bare_syncs: wire.syncs.saturating_sub(wire.executes) as f64 / n,
         },
+        server_cpu_us,
         db: DbPerMessage {
             messages: WARMUP + messages,
             commits: per(after.commits - before.commits),

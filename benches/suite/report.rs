@@ -121,6 +121,9 @@ pub struct ProbeResult {
     pub scenario: Scenario,
     pub messages: u64,
     pub wire: WirePerMessage,
+    /// CPU time of the PostgreSQL backend per message, in microseconds (when the server
+    /// runs on this machine).
+    pub server_cpu_us: Option<f64>,
     pub db: DbPerMessage,
 }
 
@@ -376,13 +379,14 @@ impl Report {
                 "Per message at concurrency 1 (wire: counting proxy, after warm-up; db: pg_stat_database of the bench database)"
             );
             println!(
-                "{:<12} {:>6} {:>6} {:>7} {:>6} {:>6} | {:>7} {:>9} {:>6} {:>6} {:>9}",
+                "{:<12} {:>6} {:>6} {:>7} {:>6} {:>6} {:>7} | {:>7} {:>9} {:>6} {:>6} {:>9}",
                 "scenario",
                 "rtrips",
                 "simple",
                 "prepared",
                 "pings",
                 "parses",
+                "srv cpu",
                 "commits",
                 "rollbacks",
                 "ins",
@@ -393,13 +397,16 @@ impl Report {
                 let w = &probe.wire;
                 let d = &probe.db;
                 println!(
-                    "{:<12} {:>6.2} {:>6.2} {:>8.2} {:>6.2} {:>6.2} | {:>7.2} {:>9.2} {:>6.2} {:>6.2} {:>9.0}",
+                    "{:<12} {:>6.2} {:>6.2} {:>8.2} {:>6.2} {:>6.2} {:>7} | {:>7.2} {:>9.2} {:>6.2} {:>6.2} {:>9.0}",
                     probe.scenario.name(),
                     w.round_trips,
                     w.simple_queries,
                     w.extended_executes,
                     w.bare_syncs,
                     w.parses,
+                    probe
+                        .server_cpu_us
+                        .map_or_else(|| "-".to_string(), |us| format!("{us:.0}us")),
                     d.commits,
                     d.rollbacks,
                     d.rows_inserted,
@@ -410,7 +417,7 @@ impl Report {
             println!(
                 "(rtrips: times the client waited for the server, pool pings included; simple: BEGIN/COMMIT-style queries; \
                  prepared: statement executions; pings: sqlx pool liveness checks on acquire and release; \
-                 *WAL: whole server, an upper bound)"
+                 srv cpu: the PostgreSQL backend's CPU time; *WAL: whole server, an upper bound)"
             );
         }
 
