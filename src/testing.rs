@@ -108,10 +108,15 @@ impl Checkpoint {
         self.inner.released.notified().await;
     }
 
+    /// In the body: announces that the body got here, and goes on.
+    pub fn announce(&self) {
+        self.inner.reached.notify_one();
+    }
+
     /// In the body: announces that the body got here and never returns, so that the
     /// delivery only ends when its future is dropped.
     pub async fn reach_and_hang(&self) -> std::convert::Infallible {
-        self.inner.reached.notify_one();
+        self.announce();
         std::future::pending().await
     }
 

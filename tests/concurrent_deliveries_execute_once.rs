@@ -83,7 +83,10 @@ async fn sixty_four_concurrent_deliveries_run_the_body_exactly_once(
         }
     })
     .await;
-    assert!(waiting.is_ok(), "the other deliveries never queued behind the claim");
+    assert!(
+        waiting.is_ok(),
+        "the other deliveries never queued behind the claim"
+    );
     checkpoint.release();
 
     let mut executed = Vec::new();
@@ -96,7 +99,11 @@ async fn sixty_four_concurrent_deliveries_run_the_body_exactly_once(
     }
     observer.close().await;
 
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran more than once");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the body ran more than once"
+    );
     assert_eq!(executed.len(), 1);
     assert_eq!(duplicates.len(), DELIVERIES - 1);
     // Every duplicate is told the result of the one execution.

@@ -34,7 +34,10 @@ async fn same_key_with_another_payload_is_rejected_without_running_the_body(pool
     };
 
     // Same key (order and event type), another amount.
-    let altered = OrderEvent { amount_cents: 501, ..event.clone() };
+    let altered = OrderEvent {
+        amount_cents: 501,
+        ..event.clone()
+    };
     let error = pay(&idem, &altered).await.unwrap_err();
     let key = KeyBuilder::new()
         .part("order_id", &event.order_id)
@@ -42,14 +45,27 @@ async fn same_key_with_another_payload_is_rejected_without_running_the_body(pool
         .part("event_type", &event.event_type)
         .unwrap()
         .finish();
-    assert!(matches!(error, Error::PayloadMismatch { key: k } if k == key), "{error:?}");
+    assert!(
+        matches!(error, Error::PayloadMismatch { key: k } if k == key),
+        "{error:?}"
+    );
     assert_eq!(error.disposition(), Disposition::DeadLetter);
-    assert_eq!(RUNS.load(Ordering::SeqCst), 1, "the body ran for a mismatched payload");
+    assert_eq!(
+        RUNS.load(Ordering::SeqCst),
+        1,
+        "the body ran for a mismatched payload"
+    );
     assert_eq!(testing::count_rows(&pool, "order_effects").await, 1);
 
     // A field outside the key and the fingerprint may differ: still a duplicate.
-    let redelivered = OrderEvent { occurred_at: event.occurred_at + chrono::Duration::seconds(30), ..event };
-    assert_eq!(pay(&idem, &redelivered).await.unwrap(), Outcome::Duplicate(Some(id)));
+    let redelivered = OrderEvent {
+        occurred_at: event.occurred_at + chrono::Duration::seconds(30),
+        ..event
+    };
+    assert_eq!(
+        pay(&idem, &redelivered).await.unwrap(),
+        Outcome::Duplicate(Some(id))
+    );
     assert_eq!(RUNS.load(Ordering::SeqCst), 1);
 }
 
@@ -57,14 +73,23 @@ async fn same_key_with_another_payload_is_rejected_without_running_the_body(pool
 async fn a_failed_key_keeps_its_fingerprint_and_rejects_another_payload(pool: PgPool) {
     let idem = testing::setup(&pool).await;
     let event = testing::paid("o-refund", 300);
-    assert!(matches!(refund(&idem, &event).await, Err(Error::Handler { attempts: 1, .. })));
+    assert!(matches!(
+        refund(&idem, &event).await,
+        Err(Error::Handler { attempts: 1, .. })
+    ));
 
-    let altered = OrderEvent { amount_cents: 299, ..event.clone() };
+    let altered = OrderEvent {
+        amount_cents: 299,
+        ..event.clone()
+    };
     let error = refund(&idem, &altered).await.unwrap_err();
     assert!(matches!(error, Error::PayloadMismatch { .. }), "{error:?}");
 
     // The mismatch recorded nothing: the key still has one failed attempt.
-    let key = KeyBuilder::new().part("order_id", &event.order_id).unwrap().finish();
+    let key = KeyBuilder::new()
+        .part("order_id", &event.order_id)
+        .unwrap()
+        .finish();
     let record = idem.record("refund", key).await.unwrap().unwrap();
     assert_eq!((record.status, record.attempts), (Status::Failed, 1));
 }
