@@ -26,7 +26,11 @@ struct Args {
     #[arg(long, env = "KAFKA_BROKERS", default_value = DEFAULT_BROKERS)]
     brokers: String,
     /// PostgreSQL server to use (the demo creates its own database there).
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
     database_url: String,
     /// The database the demo (re)creates and leaves behind for inspection.
     #[arg(long, default_value = "idem_demo")]
@@ -174,6 +178,9 @@ async fn run(args: Args) -> Result<bool, DemoError> {
 
     let consume_started = Instant::now();
     let mut last_line = Instant::now();
+    // The rate between 10% and 90% of the records: without the group's start-up (members
+    // joining one after the other) and the tail.
+    let mut steady: (Option<(Instant, u64)>, Option<(Instant, u64)>) = (None, None);
     let mut interrupted = false;
     let shutdown = kafka::shutdown_signal();
     tokio::pin!(shutdown);
@@ -184,6 +191,13 @@ async fn run(args: Args) -> Result<bool, DemoError> {
         let caught_up = produced
             .as_ref()
             .is_some_and(|report| stats.caught_up(&topic, &report.end_offsets));
+        let delivered = stats.snapshot().deliveries;
+        if steady.0.is_none() && delivered * 10 >= total as u64 {
+            steady.0 = Some((Instant::now(), delivered));
+        }
+        if steady.1.is_none() && delivered * 10 >= total as u64 * 9 {
+            steady.1 = Some((Instant::now(), delivered));
+        }
         if caught_up || last_line.elapsed() >= Duration::from_secs(1) {
             let now = stats.snapshot();
             let rate = now.deliveries as f64 / consume_started.elapsed().as_secs_f64().max(0.001);
@@ -284,16 +298,26 @@ async fn run(args: Args) -> Result<bool, DemoError> {
             "NO"
         }
     );
+    let steady_rate = match steady {
+        (Some((from, first)), Some((to, last))) if to > from => {
+            format!("{:.0}/s", (last - first) as f64 / (to - from).as_secs_f64())
+        }
+        _ => "n/a".to_owned(),
+    };
     println!(
-        "  consume throughput                {:>7.0} deliveries/s ({:.1} s; whole demo {:.1} s)",
+        "  consume throughput                {:>7.0} deliveries/s ({:.1} s; {steady_rate} from 10% to 90%; whole demo {:.1} s)",
         snapshot.deliveries as f64 / consume_time.as_secs_f64(),
         consume_time.as_secs_f64(),
         started.elapsed().as_secs_f64()
     );
     println!();
+    let db = pool.connect_options();
     println!(
-        "Look around: psql {} -d {} -c 'SELECT reason, kafka_partition, kafka_offset, error FROM kafka_dead_letters'",
-        args.database_url, args.database
+        "The database stays for a look: psql -h {} -p {} -U {} -d {} -c 'TABLE kafka_dead_letters'",
+        db.get_host(),
+        db.get_port(),
+        db.get_username(),
+        args.database
     );
     Ok(ok)
 }

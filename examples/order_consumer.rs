@@ -26,7 +26,11 @@ struct Args {
     brokers: String,
     /// PostgreSQL, where the business tables, idem's status table, the offsets and the
     /// dead letters live.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
     database_url: String,
     /// The topic.
     #[arg(long, default_value = "orders")]
