@@ -180,7 +180,7 @@ async fn run(args: Args) -> Result<bool, DemoError> {
     let mut last_line = Instant::now();
     // The rate between 10% and 90% of the records: without the group's start-up (members
     // joining one after the other) and the tail.
-    let mut steady: (Option<(Instant, u64)>, Option<(Instant, u64)>) = (None, None);
+    let mut steady: [Option<(Instant, u64)>; 2] = [None, None];
     let mut interrupted = false;
     let shutdown = kafka::shutdown_signal();
     tokio::pin!(shutdown);
@@ -192,11 +192,11 @@ async fn run(args: Args) -> Result<bool, DemoError> {
             .as_ref()
             .is_some_and(|report| stats.caught_up(&topic, &report.end_offsets));
         let delivered = stats.snapshot().deliveries;
-        if steady.0.is_none() && delivered * 10 >= total as u64 {
-            steady.0 = Some((Instant::now(), delivered));
+        if steady[0].is_none() && delivered * 10 >= total as u64 {
+            steady[0] = Some((Instant::now(), delivered));
         }
-        if steady.1.is_none() && delivered * 10 >= total as u64 * 9 {
-            steady.1 = Some((Instant::now(), delivered));
+        if steady[1].is_none() && delivered * 10 >= total as u64 * 9 {
+            steady[1] = Some((Instant::now(), delivered));
         }
         if caught_up || last_line.elapsed() >= Duration::from_secs(1) {
             let now = stats.snapshot();
@@ -299,7 +299,7 @@ async fn run(args: Args) -> Result<bool, DemoError> {
         }
     );
     let steady_rate = match steady {
-        (Some((from, first)), Some((to, last))) if to > from => {
+        [Some((from, first)), Some((to, last))] if to > from => {
             format!("{:.0}/s", (last - first) as f64 / (to - from).as_secs_f64())
         }
         _ => "n/a".to_owned(),
