@@ -41,6 +41,7 @@ async fn entries_are_namespaced_by_prefix(pool: PgPool) {
     let Outcome::Executed(receipt) = pay(&billing, &event).await.unwrap() else {
         panic!("the first delivery executes");
     };
+    redis_support::written(&billing, 1).await;
     let name = format!("{billing_prefix}named_pay:{key}");
     assert_eq!(
         redis_support::names_under(&url, &billing_prefix).await,
@@ -67,7 +68,7 @@ async fn entries_are_namespaced_by_prefix(pool: PgPool) {
         pay(&shipping, &event).await.unwrap(),
         Outcome::Duplicate(Some(receipt.clone()))
     );
-    let stats = redis_support::stats(&shipping);
+    let stats = redis_support::written(&shipping, 1).await;
     assert_eq!((stats.hits, stats.misses, stats.writes), (0, 1, 1));
     assert_eq!(
         redis_support::names_under(&url, &shipping_prefix).await,

@@ -77,6 +77,7 @@ async fn failed_and_parked_keys_are_not_cached(pool: PgPool) {
     let Outcome::Executed(id) = flaky_pay(&idem, &event).await.unwrap() else {
         panic!("the third delivery executes");
     };
+    redis_support::written(&idem, 1).await;
     assert_eq!(redis_support::names_under(&url, &prefix).await.len(), 1);
     let hits = redis_support::stats(&idem).hits;
     assert_eq!(

@@ -20,6 +20,7 @@ async fn a_cached_key_with_another_payload_is_a_mismatch(pool: PgPool) {
     let Outcome::Executed(id) = pay(&idem, &event).await.unwrap() else {
         panic!("the first delivery executes");
     };
+    redis_support::written(&idem, 1).await;
     assert_eq!(
         pay(&idem, &event).await.unwrap(),
         Outcome::Duplicate(Some(id))

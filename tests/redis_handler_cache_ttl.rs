@@ -36,6 +36,7 @@ async fn handler_ttl_overrides_the_handle_ttl(pool: PgPool) {
         default_lived(&idem, &event).await.unwrap(),
         Outcome::Executed(_)
     ));
+    redis_support::written(&idem, 2).await;
 
     let short = redis_support::pttl(
         &url,

@@ -44,6 +44,7 @@ async fn handler_with_cache_false_skips_redis(pool: PgPool) {
     let Outcome::Executed(other) = cached_pay(&idem, &event).await.unwrap() else {
         panic!("the other handler's first delivery executes");
     };
+    redis_support::written(&idem, 1).await;
     assert_eq!(
         cached_pay(&idem, &event).await.unwrap(),
         Outcome::Duplicate(Some(other))

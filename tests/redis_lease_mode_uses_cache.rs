@@ -36,7 +36,7 @@ async fn lease_mode_duplicate_is_answered_from_redis(pool: PgPool) {
     let Outcome::Executed(sent) = send_receipt(&idem, &event).await.unwrap() else {
         panic!("the first delivery executes");
     };
-    assert_eq!(redis_support::stats(&idem).writes, 1);
+    redis_support::written(&idem, 1).await;
 
     pool.close().await;
     assert_eq!(

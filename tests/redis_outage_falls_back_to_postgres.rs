@@ -54,6 +54,7 @@ async fn outage_falls_back_to_postgres_and_recovers(pool: PgPool) {
     for n in 0..5 {
         deliver(&idem, n, true).await;
     }
+    redis_support::written(&idem, 5).await;
     for n in 0..5 {
         deliver(&idem, n, false).await;
     }

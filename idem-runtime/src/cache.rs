@@ -10,7 +10,9 @@
 //!   [`Outcome::Duplicate`] with the result stored in the entry, and the body does not run;
 //! - only a committed success is written (`SET ... PX <ttl>`), after the commit, and when
 //!   PostgreSQL answers a duplicate with a `success` row (warming the cache for the next
-//!   one). A key that is in progress, failed or parked is never written;
+//!   one). A key that is in progress, failed or parked is never written. The write runs
+//!   on a task of its own: the delivery returns without waiting for Redis, so a duplicate
+//!   that arrives within that instant may still be answered by PostgreSQL;
 //! - the entry holds the payload fingerprint: a delivery whose fingerprint differs is
 //!   passed on to PostgreSQL, which answers [`Error::PayloadMismatch`](crate::Error::PayloadMismatch);
 //! - Redis being down, slow or holding something unreadable never fails a delivery:
@@ -105,23 +107,23 @@ pub fn handler_cache<O: HandlerCacheOption>(option: O) -> CachePolicy {
 #[derive(Debug, Default)]
 pub(crate) struct CacheSlot {
     #[cfg(feature = "redis")]
-    cache: Option<Cache>,
+    cache: Option<std::sync::Arc<Cache>>,
 }
 
 #[cfg(feature = "redis")]
 impl CacheSlot {
     pub(crate) fn new(settings: RedisCache) -> Self {
         CacheSlot {
-            cache: Some(Cache::new(settings)),
+            cache: Some(std::sync::Arc::new(Cache::new(settings))),
         }
     }
 
     pub(crate) fn stats(&self) -> Option<CacheStats> {
-        self.cache.as_ref().map(Cache::stats)
+        self.cache.as_deref().map(Cache::stats)
     }
 
     /// The cache and the TTL of its entries under `policy`, if the cache is in use.
-    fn active(&self, policy: CachePolicy) -> Option<(&Cache, Duration)> {
+    fn active(&self, policy: CachePolicy) -> Option<(&std::sync::Arc<Cache>, Duration)> {
         let cache = self.cache.as_ref()?;
         match policy {
             CachePolicy::Inherit => Some((cache, cache.settings.ttl)),
@@ -150,8 +152,9 @@ pub(crate) async fn lookup<T, C: ResultCodec<T>>(
     None
 }
 
-/// Writes a committed success of `key` to the cache. Never fails: a write that does not
-/// happen only means that the next duplicate asks PostgreSQL.
+/// Writes a committed success of `key` to the cache, in the background: the delivery
+/// does not wait for Redis. Never fails: a write that does not happen only means that the
+/// next duplicate asks PostgreSQL.
 pub(crate) async fn remember(
     idem: &Idem,
     policy: CachePolicy,
@@ -162,7 +165,7 @@ pub(crate) async fn remember(
 ) {
     #[cfg(feature = "redis")]
     if let Some((cache, ttl)) = idem.cache().active(policy) {
-        cache.store(ttl, scope, key, fingerprint, result).await;
+        cache.store(ttl, scope, key, fingerprint, result);
     }
     #[cfg(not(feature = "redis"))]
     let _ = (idem.cache(), policy, scope, key, fingerprint, result);
@@ -203,8 +206,8 @@ use with_redis::Cache;
 #[cfg(feature = "redis")]
 mod with_redis {
     use std::fmt;
-    use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, OnceLock};
     use std::time::{Duration, Instant};
 
     use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -504,14 +507,20 @@ mod with_redis {
             }
         }
 
-        pub(super) async fn store(
-            &self,
+        /// Sends the entry of a succeeded key on a task of its own (bounded by the timeout
+        /// like every call), so that the delivery that succeeded does not wait for Redis.
+        pub(super) fn store(
+            self: &Arc<Self>,
             ttl: Duration,
             scope: &str,
             key: IdempotencyKey,
             fingerprint: Option<&[u8]>,
             result: Option<&serde_json::Value>,
         ) {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                bump(&self.counters.skipped);
+                return;
+            };
             if !self.admit() {
                 bump(&self.counters.skipped);
                 return;
@@ -522,13 +531,17 @@ mod with_redis {
                 .arg(Entry::encode(fingerprint, result))
                 .arg("PX")
                 .arg(ttl_millis);
-            match self.call::<()>(&set).await {
-                Ok(()) => bump(&self.counters.writes),
-                Err(failure) => {
-                    bump(&self.counters.write_errors);
-                    tracing::debug!(%key, scope, error = %failure, "redis cache write failed (harmless: PostgreSQL has the key)");
+            let cache = Arc::clone(self);
+            let scope = scope.to_owned();
+            runtime.spawn(async move {
+                match cache.call::<()>(&set).await {
+                    Ok(()) => bump(&cache.counters.writes),
+                    Err(failure) => {
+                        bump(&cache.counters.write_errors);
+                        tracing::debug!(%key, scope, error = %failure, "redis cache write failed (harmless: PostgreSQL has the key)");
+                    }
                 }
-            }
+            });
         }
 
         /// One command, bounded by the timeout. A connection error is retried once within

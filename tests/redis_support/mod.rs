@@ -58,6 +58,20 @@ pub fn stats(idem: &Idem) -> CacheStats {
     idem.cache_stats().expect("the handle has a cache")
 }
 
+/// Waits until `writes` entries have been written (writes run in the background, right
+/// after the delivery returns); returns the counters then.
+pub async fn written(idem: &Idem, writes: u64) -> CacheStats {
+    eventually(
+        Duration::from_secs(5),
+        &format!("{writes} cache writes"),
+        || async { stats(idem).writes >= writes },
+    )
+    .await;
+    let stats = stats(idem);
+    assert_eq!(stats.writes, writes, "{stats:?}");
+    stats
+}
+
 /// The name of the entry of `key` in `scope`: `<prefix><scope>:<key>`.
 pub fn entry_name(prefix: &str, scope: &str, key: IdempotencyKey) -> String {
     format!("{prefix}{scope}:{key}")
