@@ -7,3 +7,6 @@ cd "$(dirname "$0")/.."
 
 scripts/services.sh up postgres redis kafka
 cargo test --workspace --all-features "$@"
+# The compile error of the cache's handler arguments without the `redis` feature shows
+# only in a build without it.
+cargo test -p idem-suite --test redis_ui "$@"
