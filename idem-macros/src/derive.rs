@@ -1,11 +1,15 @@
 //! Code generation of `#[derive(KeyPart)]`.
 
-use proc_macro2::TokenStream;
-use quote::{format_ident, quote};
-use syn::{Data, DeriveInput, Fields, parse_quote};
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{Data, DeriveInput, Fields, LitStr, Path, parse_quote};
 
 pub fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
-    let private = quote!(::idem_runtime::__private);
+    let private = match krate(input)? {
+        Some(path) => quote!(#path::__private),
+        None => quote!(::idem_runtime::__private),
+    };
     let body = match &input.data {
         Data::Struct(data) => {
             let bindings = bindings(&data.fields);
@@ -17,17 +21,23 @@ pub fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
                         "a struct without fields has no value to key on",
                     ));
                 }
-                [only] => quote! {
-                    let #pattern = self;
-                    #private::KeyPart::encode_key_part(#only, encoder)
-                },
-                _ => quote! {
-                    let #pattern = self;
-                    encoder.list(|encoder| {
-                        #(#private::KeyPart::encode_key_part(#bindings, encoder)?;)*
-                        ::core::result::Result::Ok(())
-                    })
-                },
+                [_] => {
+                    let encode = encode(&private, &data.fields, &bindings);
+                    quote! {
+                        let #pattern = self;
+                        #(#encode)*
+                    }
+                }
+                _ => {
+                    let encode = encode(&private, &data.fields, &bindings);
+                    quote! {
+                        let #pattern = self;
+                        encoder.list(|encoder| {
+                            #(#encode?;)*
+                            ::core::result::Result::Ok(())
+                        })
+                    }
+                }
             }
         }
         Data::Enum(data) => {
@@ -45,11 +55,12 @@ pub fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
                 if bindings.is_empty() {
                     quote!(#pattern => { encoder.string(#name); ::core::result::Result::Ok(()) })
                 } else {
+                    let encode = encode(&private, &variant.fields, &bindings);
                     quote!(#pattern => encoder.list(|encoder| {
                         encoder.string(#name);
-                        #(#private::KeyPart::encode_key_part(#bindings, encoder)?;)*
+                        #(#encode?;)*
                         ::core::result::Result::Ok(())
-                    }))
+                    }),)
                 }
             });
             quote!(match self { #(#arms)* })
@@ -79,6 +90,56 @@ pub fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
         }
         impl #impl_generics #private::SoleKeyPart for #ident #type_generics #where_clause {}
     })
+}
+
+/// The path of `#[key_part(crate = "...")]`, for a renamed `idem_runtime` dependency.
+fn krate(input: &DeriveInput) -> syn::Result<Option<Path>> {
+    let mut krate = None;
+    for attr in input
+        .attrs
+        .iter()
+        .filter(|attr| attr.path().is_ident("key_part"))
+    {
+        attr.parse_nested_meta(|meta| {
+            if !meta.path.is_ident("crate") {
+                return Err(meta.error("unknown `key_part` argument; expected `crate = \"path\"`"));
+            }
+            if krate.is_some() {
+                return Err(meta.error("`crate` is given more than once"));
+            }
+            let literal: LitStr = meta.value()?.parse()?;
+            krate = Some(literal.parse_with(Path::parse_mod_style)?);
+            Ok(())
+        })?;
+    }
+    Ok(krate)
+}
+
+/// `KeyPart::encode_key_part(field, encoder)` for every field, each spanned on the field's
+/// type, so that a field without a key encoding is the one an error points at.
+fn encode(private: &TokenStream, fields: &Fields, bindings: &[syn::Ident]) -> Vec<TokenStream> {
+    fields
+        .iter()
+        .zip(bindings)
+        .map(|(field, binding)| {
+            let span = field.ty.span();
+            let call = respan(quote!(#private::KeyPart::encode_key_part), span);
+            let mut binding = binding.clone();
+            binding.set_span(span);
+            quote_spanned!(span=> #call(#binding, encoder))
+        })
+        .collect()
+}
+
+/// `tokens` (a path, without groups) with every span set to `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token: TokenTree| {
+            token.set_span(span);
+            token
+        })
+        .collect()
 }
 
 fn bindings(fields: &Fields) -> Vec<syn::Ident> {

@@ -42,7 +42,10 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// A struct with one field encodes as that field; a struct with several fields as the
 /// list of its fields in declaration order; an enum as its variant's name (followed by
 /// its fields, for variants that have some).
-#[proc_macro_derive(KeyPart)]
+///
+/// Where the `idem_runtime` dependency is renamed, say so with
+/// `#[key_part(crate = "renamed")]`, as with `#[idempotent(crate = "renamed")]`.
+#[proc_macro_derive(KeyPart, attributes(key_part))]
 pub fn derive_key_part(item: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(item as syn::DeriveInput);
     derive::key_part(&input)
