@@ -64,8 +64,26 @@ pub struct Args {
 }
 
 impl Args {
-    /// Parses one `name = value` argument (the callback of [`syn::meta::parser`]).
+    /// Parses one `name = value` argument (the callback of [`syn::meta::parser`]). An
+    /// argument in error is recorded and skipped, so that the others are still checked.
     pub fn parse(&mut self, meta: ParseNestedMeta<'_>) -> syn::Result<()> {
+        if let Err(error) = self.parse_argument(&meta) {
+            self.errors.push(error);
+            // A `key` written wrongly is not missing as well.
+            if meta.path.is_ident("key") && self.key.is_none() {
+                self.key = Some(FieldList {
+                    literal: LitStr::new("", Span::call_site()),
+                    paths: Vec::new(),
+                });
+            }
+            while !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
+                meta.input.parse::<proc_macro2::TokenTree>()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn parse_argument(&mut self, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
         let Some(name) = meta.path.get_ident().map(Ident::to_string) else {
             return Err(meta.error(format!("unknown argument; expected one of {VALID}")));
         };
@@ -92,7 +110,11 @@ impl Args {
             "max_attempts" => {
                 let literal: LitInt = meta.value()?.parse()?;
                 match literal.base10_parse::<u32>() {
-                    Ok(0) | Err(_) => self.errors.push(syn::Error::new(
+                    Ok(0) => self.errors.push(syn::Error::new(
+                        literal.span(),
+                        "`max_attempts` must be at least 1: it counts the failed attempts after which a key is parked, and the first delivery is one",
+                    )),
+                    Err(_) => self.errors.push(syn::Error::new(
                         literal.span(),
                         "`max_attempts` must be a whole number from 1 to 4294967295",
                     )),
@@ -185,7 +207,8 @@ impl Args {
             }
             _ => {
                 return Err(meta.error(format!(
-                    "unknown argument `{name}`; expected one of {VALID}"
+                    "unknown argument `{name}`; {}expected one of {VALID}",
+                    did_you_mean(&name)
                 )));
             }
         }
@@ -290,6 +313,35 @@ impl Args {
         }
         FieldList { literal, paths }
     }
+}
+
+/// `did you mean `x`? ` for a valid argument within two edits of `name`, or nothing.
+fn did_you_mean(name: &str) -> String {
+    VALID
+        .split(", ")
+        .map(|valid| valid.trim_matches('`'))
+        .map(|valid| (edit_distance(name, valid), valid))
+        .filter(|(distance, _)| *distance <= 2)
+        .min()
+        .map_or_else(String::new, |(_, valid)| {
+            format!("did you mean `{valid}`? ")
+        })
+}
+
+/// The Levenshtein distance between `a` and `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substituted = diagonal + usize::from(ca != *cb);
+            diagonal = row[j + 1];
+            row[j + 1] = substituted.min(row[j] + 1).min(row[j + 1] + 1);
+        }
+    }
+    row[b.len()]
 }
 
 /// Stores an argument, or records that it was given twice.
