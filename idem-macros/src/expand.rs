@@ -59,8 +59,10 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
     let key_builder = builder(&private, message, key);
     let sole_part_check = match key.paths.as_slice() {
         [only] => {
-            let idents = &only.idents;
-            quote_spanned!(key.literal.span()=> #private::sole_key_part(&#message #(.#idents)*);)
+            let span = key.literal.span();
+            let field = field_access(message, &only.idents, span);
+            let private = respan(&private, span);
+            quote_spanned!(span=> #private::sole_key_part(#field);)
         }
         _ => quote!(),
     };
@@ -79,6 +81,12 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         block,
     } = item;
     let output = handler.output;
+    // The first token of the return type, where errors about it are reported.
+    let first = output
+        .to_token_stream()
+        .into_iter()
+        .next()
+        .map_or_else(Span::call_site, |token| token.span());
     let is_context = |typed: &PatType| {
         handler
             .context
@@ -136,10 +144,11 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         }
         _ => None,
     });
-    // Checks spanned on the return type, so that their errors point at it.
-    let result_checks = quote_spanned! {output.span()=>
-        #private::check_handler_result::<#output, _>(&#codec);
-    };
+    // The runner's bounds on the result and the error (a `Result`, a `std::error::Error`,
+    // storable) are checked by its call, spanned on the return type's first token with
+    // the codec argument and the `.await` (see `call_at`): the compiler reports a failed
+    // bound there, once. (A span over the whole type cannot be given to `.await`.)
+    let codec_arg = respan(&codec, first);
 
     // A handler-level cache argument selects the runners that take a cache policy. The
     // policy is built through a trait that the runtime implements only with its `redis`
@@ -175,14 +184,13 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                 .context
                 .expect("checked: transaction handlers take a connection");
             let (connection_pat, connection_ty) = (&context.pat, &context.ty);
-            quote! {
-                #run_transactional(
+            let run_args = quote! {
                     #idem,
                     &#spec,
                     #cache_policy
                     #key,
                     #fingerprint,
-                    #codec,
+                    #codec_arg,
                     move |mut #transaction| async move {
                         let #result = {
                             let #connection_pat: #connection_ty = &mut *#transaction;
@@ -190,9 +198,8 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                         };
                         (#transaction, #result)
                     },
-                )
-                .await
-            }
+            };
+            call_at(&run_transactional, run_args, first)
         }
         Mode::Lease => {
             let lease_millis = args.lease_millis();
@@ -200,22 +207,20 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                 let (lease_pat, lease_ty) = (&context.pat, &context.ty);
                 quote!(let #lease_pat: #lease_ty = &#transaction;)
             });
-            quote! {
-                #run_lease(
+            let run_args = quote! {
                     #idem,
                     &#spec,
                     #cache_policy
                     #key,
                     #fingerprint,
-                    #codec,
+                    #codec_arg,
                     ::core::time::Duration::from_millis(#lease_millis),
                     move |#transaction| async move {
                         #guard
                         #private::handler_body::<#output, _>(async #block).await
                     },
-                )
-                .await
-            }
+            };
+            call_at(&run_lease, run_args, first)
         }
     };
 
@@ -255,6 +260,24 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             "The batch variant of [`{}`]: claims the keys of all `messages` in one statement, runs the body for the new ones and commits once. Returns one outcome per message, in order.",
             sig.ident
         );
+        let run_batch_args = quote! {
+            #idem,
+            &#spec,
+            #messages,
+            |#message| -> ::core::result::Result<_, #private::KeyError> {
+                #sole_part_check
+                ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
+            },
+            #codec_arg,
+            move |mut #transaction, #message| async move {
+                let #result = {
+                    let #connection_pat: #connection_ty = &mut *#transaction;
+                    #private::handler_body::<#output, _>(async #block).await
+                };
+                (#transaction, #result)
+            },
+        };
+        let run_batch_call = call_at(&quote!(#private::run_batch), run_batch_args, first);
         quote! {
             #[doc = #doc]
             #vis #constness #asyncness #unsafety #abi #fn_token #name #generics (#(#inputs),*)
@@ -264,26 +287,8 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                     scope: #scope,
                     max_attempts: #max_attempts,
                 };
-                #result_checks
                 #(#borrow_extra)*
-                #private::run_batch(
-                    #idem,
-                    &#spec,
-                    #messages,
-                    |#message| -> ::core::result::Result<_, #private::KeyError> {
-                        #sole_part_check
-                        ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
-                    },
-                    #codec,
-                    move |mut #transaction, #message| async move {
-                        let #result = {
-                            let #connection_pat: #connection_ty = &mut *#transaction;
-                            #private::handler_body::<#output, _>(async #block).await
-                        };
-                        (#transaction, #result)
-                    },
-                )
-                .await
+                #run_batch_call
             }
         }
     });
@@ -298,7 +303,6 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                 scope: #scope,
                 max_attempts: #max_attempts,
             };
-            #result_checks
             #sole_part_check
             #(#borrow_owned)*
             let #derived = (|| -> ::core::result::Result<_, #private::KeyError> {
@@ -313,6 +317,15 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             #call
         }
     })
+}
+
+/// `runner(args).await` with `runner`, the parentheses and the `.await` spanned on `span`:
+/// a bound of the runner, required by both the call and the `.await`, fails once, there.
+fn call_at(runner: &TokenStream, args: TokenStream, span: Span) -> TokenStream {
+    let runner = respan(runner, span);
+    let mut args = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, args);
+    args.set_span(span);
+    quote_spanned!(span=> #runner #args .await)
 }
 
 /// `tokens` with every span set to `span`, so that an error about them points there.
@@ -338,10 +351,31 @@ fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
 fn builder(private: &TokenStream, message: &Ident, list: &FieldList) -> TokenStream {
     let span = list.literal.span();
     let parts = list.paths.iter().map(|path| {
-        let (text, idents) = (&path.text, &path.idents);
-        quote_spanned!(span=> .part(#text, &#message #(.#idents)*)?)
+        let text = &path.text;
+        let field = field_access(message, &path.idents, span);
+        quote_spanned!(span=> .part(#text, #field)?)
     });
     quote!(#private::KeyBuilder::new() #(#parts)*)
+}
+
+/// `&message.a.b`, every token spanned on `span` (the literal that names the field), so
+/// that errors about the field point there rather than at the parameter.
+///
+/// The field names resolve as written, but the compiler must not suggest edits to them:
+/// its "a field with a similar name exists" would replace the whole literal with a bare
+/// identifier. Spans of the macro's own (mixed-site) context keep such suggestions out;
+/// the access is then bound to a local spanned on the literal, so that an error about the
+/// field's type (no key encoding) still points at the literal, not at the attribute.
+fn field_access(message: &Ident, idents: &[Ident], span: Span) -> TokenStream {
+    let mut message = message.clone();
+    message.set_span(span);
+    let idents = idents.iter().map(|ident| {
+        let mut ident = ident.clone();
+        ident.set_span(Span::mixed_site().located_at(span));
+        ident
+    });
+    let field = Ident::new("__idem_key_field", span);
+    quote_spanned!(span=> { let #field = &#message #(.#idents)*; #field })
 }
 
 /// Checks that the handler is an `async fn (conn: &mut PgConnection, message, ...) -> R`
@@ -359,6 +393,16 @@ fn check_signature<'a>(
         ));
     }
     let output = match &sig.output {
+        ReturnType::Type(_, ty) if is_not_result(ty) => {
+            errors.push(syn::Error::new_spanned(
+                ty,
+                format!(
+                    "an #[idempotent] handler must return a `Result`, not `{}`: declare it as `-> Result<T, E>`; an error rolls the body's writes back and records the failure",
+                    ty.to_token_stream().to_string().replace(' ', "")
+                ),
+            ));
+            None
+        }
         ReturnType::Type(_, ty) => Some(&**ty),
         ReturnType::Default => {
             errors.push(syn::Error::new(
@@ -376,6 +420,7 @@ fn check_signature<'a>(
     if mode == Mode::Lease {
         return check_lease_signature(sig, typed, output, errors);
     }
+    check_no_exclusive_borrows(sig, errors);
     let connection = match typed.next() {
         Some(lease) if is_reference_to(&lease.ty, "Lease") => {
             errors.push(syn::Error::new(
@@ -386,8 +431,8 @@ fn check_signature<'a>(
         }
         Some(connection) if is_connection(&connection.ty) => Some(connection),
         Some(other) => {
-            errors.push(syn::Error::new(
-                other.ty.span(),
+            errors.push(syn::Error::new_spanned(
+                &other.ty,
                 "the first parameter of an #[idempotent] handler must be the transaction's connection: `tx: &mut PgConnection`",
             ));
             None
@@ -405,8 +450,8 @@ fn check_signature<'a>(
         Some(message) => match &*message.pat {
             Pat::Ident(pat) if pat.subpat.is_none() => Some(pat.ident.clone()),
             other => {
-                errors.push(syn::Error::new(
-                    other.span(),
+                errors.push(syn::Error::new_spanned(
+                    other,
                     "bind the message to a name (e.g. `event: &OrderEvent`): the key is read from its fields",
                 ));
                 None
@@ -427,6 +472,36 @@ fn check_signature<'a>(
         message: message?,
         output: output?,
     })
+}
+
+/// A transactional body may run again after a serialization failure or a deadlock, so it
+/// is a closure that can use shared borrows only: `&mut self` or a `&mut` parameter other
+/// than the connection would fail deep in the expansion; say why on the user's token.
+fn check_no_exclusive_borrows(sig: &syn::Signature, errors: &mut Vec<syn::Error>) {
+    let exclusive =
+        |ty: &Type| matches!(ty, Type::Reference(reference) if reference.mutability.is_some());
+    let mut typed_seen = 0;
+    for input in &sig.inputs {
+        match input {
+            FnArg::Receiver(receiver) if exclusive(&receiver.ty) => {
+                errors.push(syn::Error::new_spanned(
+                    receiver,
+                    "a transactional #[idempotent] handler cannot take `&mut self`: its body may run again after a serialization failure or a deadlock, so it only borrows what it is given; take `&self` and keep mutable state behind a `Mutex` or an atomic",
+                ));
+            }
+            FnArg::Typed(typed) => {
+                // The first typed parameter is the connection, the one `&mut` allowed.
+                typed_seen += 1;
+                if typed_seen > 1 && exclusive(&typed.ty) {
+                    errors.push(syn::Error::new_spanned(
+                        &typed.ty,
+                        "a transactional #[idempotent] handler cannot take a `&mut` parameter besides the connection: its body may run again after a serialization failure or a deadlock, so it only borrows what it is given; take `&T` and keep mutable state behind a `Mutex` or an atomic",
+                    ));
+                }
+            }
+            FnArg::Receiver(_) => {}
+        }
+    }
 }
 
 /// The lease-mode signature: an optional `&Lease` guard, then the message.
@@ -471,6 +546,37 @@ fn check_lease_signature<'a>(
         message: message?,
         output: output?,
     })
+}
+
+/// Whether `ty` is certainly not a `Result` (an alias of one can have any name, so only
+/// primitives, tuples, references and the like, and a few well-known std types, are).
+fn is_not_result(ty: &Type) -> bool {
+    const NOT_RESULTS: &[&str] = &[
+        "bool", "char", "str", "String", "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16",
+        "u32", "u64", "u128", "usize", "f32", "f64", "Option", "Vec", "Box",
+    ];
+    match ty {
+        Type::Paren(inner) => is_not_result(&inner.elem),
+        Type::Group(inner) => is_not_result(&inner.elem),
+        Type::Path(path) => {
+            path.qself.is_none()
+                && path
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|segment| NOT_RESULTS.iter().any(|name| segment.ident == name))
+        }
+        Type::Array(_)
+        | Type::BareFn(_)
+        | Type::ImplTrait(_)
+        | Type::Never(_)
+        | Type::Ptr(_)
+        | Type::Reference(_)
+        | Type::Slice(_)
+        | Type::TraitObject(_)
+        | Type::Tuple(_) => true,
+        _ => false,
+    }
 }
 
 /// `&T` or `&mut T` where the last segment of `T`'s path is `name`.

@@ -29,6 +29,8 @@ pub trait ResultCodec<T> {
 #[derive(Debug, Clone, Copy)]
 pub struct JsonResult;
 
+// Errors name `ResultCodec` (and its hint about `store_result = false`), not serde's traits.
+#[diagnostic::do_not_recommend]
 impl<T: Serialize + DeserializeOwned> ResultCodec<T> for JsonResult {
     fn encode(&self, value: &T) -> Result<Option<serde_json::Value>, serde_json::Error> {
         // `()` and `None` store nothing, which saves the write.

@@ -181,6 +181,8 @@ pub trait HandlerError {
     fn as_std_error(&self) -> &(dyn StdError + 'static);
 }
 
+// Errors name `HandlerError` and its hint, also for types such as `Box<dyn Error>`.
+#[diagnostic::do_not_recommend]
 impl<E: StdError + 'static> HandlerError for E {
     fn as_std_error(&self) -> &(dyn StdError + 'static) {
         self
