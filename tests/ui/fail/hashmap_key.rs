@@ -1,0 +1,17 @@
+use std::collections::HashMap;
+
+use idem_runtime::idempotent;
+use sqlx::PgConnection;
+
+struct OrderEvent {
+    order_id: String,
+    attributes: HashMap<String, String>,
+}
+
+#[idempotent(key = "order_id, attributes")]
+async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    let _ = (tx, &event.order_id);
+    Ok(())
+}
+
+fn main() {}

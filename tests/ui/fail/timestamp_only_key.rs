@@ -1,0 +1,16 @@
+use chrono::{DateTime, Utc};
+use idem_runtime::idempotent;
+use sqlx::PgConnection;
+
+struct OrderEvent {
+    order_id: String,
+    created_at: DateTime<Utc>,
+}
+
+#[idempotent(key = "created_at")]
+async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    let _ = (tx, &event.order_id);
+    Ok(())
+}
+
+fn main() {}
