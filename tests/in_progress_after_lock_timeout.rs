@@ -76,7 +76,11 @@ async fn setup(pool_options: PgPoolOptions, connect_options: PgConnectOptions) -
 async fn assert_in_progress(idem: &Idem, event: &OrderEvent) {
     let duplicate = Delivery::new(event.clone());
     let started = Instant::now();
-    let error = dispatch(idem, &duplicate).await.unwrap_err();
+    // Without a lock timeout the duplicate would wait for the holder, which waits for us.
+    let error = tokio::time::timeout(LOCK_TIMEOUT * 10, dispatch(idem, &duplicate))
+        .await
+        .expect("the duplicate waited without a bound")
+        .unwrap_err();
     let waited = started.elapsed();
     assert!(matches!(error, Error::InProgress { .. }), "{error:?}");
     assert_eq!(error.disposition(), Disposition::Retry);
