@@ -103,3 +103,51 @@ async fn ok_from_an_aborted_transaction_is_an_error_not_an_execution(pool: PgPoo
     );
     assert_eq!(testing::count_rows(&pool, "order_effects").await, 3);
 }
+
+struct Line {
+    order_id: String,
+    swallow: bool,
+}
+
+#[idempotent(
+    key = "order_id",
+    scope = "batched",
+    batch = true,
+    store_result = false
+)]
+async fn apply_line(tx: &mut PgConnection, line: &Line) -> Result<i64, sqlx::Error> {
+    apply_ignoring_errors(tx, &testing::paid(&line.order_id, 1), line.swallow).await
+}
+
+#[sqlx::test(migrations = false)]
+async fn ok_from_an_aborted_batch_transaction_is_not_an_execution(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    // The last body of the batch swallows the error: no later statement notices.
+    let batch = [("o-line-1", false), ("o-line-2", true)].map(|(order_id, swallow)| Line {
+        order_id: order_id.into(),
+        swallow,
+    });
+
+    let outcomes = apply_line_batch(&idem, &batch).await;
+    assert!(
+        outcomes[0].as_ref().is_ok_and(Outcome::is_executed),
+        "{:?}",
+        outcomes[0]
+    );
+    let error = outcomes[1]
+        .as_ref()
+        .expect_err("the swallowing body must not execute");
+    assert!(
+        matches!(error, Error::Database(source) if source.as_database_error().and_then(|db| db.code()).as_deref() == Some("25P02")),
+        "{error:?}"
+    );
+
+    // Only the healthy line is committed, with its key.
+    assert_eq!(testing::count_rows(&pool, "order_effects").await, 1);
+    assert_eq!(testing::count_rows(&pool, "idem.idem_keys").await, 1);
+    let committed = KeyBuilder::new()
+        .part("order_id", "o-line-1")
+        .unwrap()
+        .finish();
+    assert!(idem.record("batched", committed).await.unwrap().is_some());
+}

@@ -336,6 +336,10 @@ where
         .bind(&stored_results)
         .execute(&mut *tx)
         .await?;
+    } else {
+        // A body that swallowed a failed statement left the transaction aborted, and
+        // COMMIT would roll it back without an error (the UPDATE above fails instead).
+        transactional::ensure_not_aborted(&mut tx).await?;
     }
     tx.commit().await?;
     results.extend(
