@@ -104,7 +104,7 @@ async fn timed_out_delivery_leaves_no_claim(pool: PgPool) {
         runs: runs.clone(),
     };
 
-    let timed_out = tokio::time::timeout(Duration::from_millis(500), ship(&idem, &delivery)).await;
+    let timed_out = tokio::time::timeout(Duration::from_secs(1), ship(&idem, &delivery)).await;
     assert!(timed_out.is_err());
     assert_eq!(
         runs.load(Ordering::SeqCst),
