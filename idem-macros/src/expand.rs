@@ -130,20 +130,19 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         "result",
     ]
     .map(|name| Ident::new(name, Span::mixed_site()));
-    // A transactional body may run again after a transient failure, so it borrows owned
-    // parameters. A lease body runs once.
-    let borrow_owned = sig.inputs.iter().filter_map(|input| match input {
-        FnArg::Typed(typed) if mode == Mode::Transaction && !is_context(typed) => {
-            match (&*typed.pat, &*typed.ty) {
-                (Pat::Ident(pat), ty) if !matches!(ty, Type::Reference(_)) => {
-                    let ident = &pat.ident;
-                    Some(quote!(let #ident = &#ident;))
-                }
-                _ => None,
+    // A transactional body may run again after a transient failure: each run gets its own
+    // copy of the owned parameters, so that the body sees them as declared. A lease body
+    // runs once and takes them as they are.
+    let clone_owned: Vec<TokenStream> = sig
+        .inputs
+        .iter()
+        .filter_map(|input| match input {
+            FnArg::Typed(typed) if mode == Mode::Transaction && !is_context(typed) => {
+                clone_if_owned(typed)
             }
-        }
-        _ => None,
-    });
+            _ => None,
+        })
+        .collect();
     // The runner's bounds on the result and the error (a `Result`, a `std::error::Error`,
     // storable) are checked by its call, spanned on the return type's first token with
     // the codec argument and the `.await` (see `call_at`): the compiler reports a failed
@@ -191,12 +190,15 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                     #key,
                     #fingerprint,
                     #codec_arg,
-                    move |mut #transaction| async move {
-                        let #result = {
-                            let #connection_pat: #connection_ty = &mut *#transaction;
-                            #private::handler_body::<#output, _>(async #block).await
-                        };
-                        (#transaction, #result)
+                    move |mut #transaction| {
+                        #(#clone_owned)*
+                        async move {
+                            let #result = {
+                                let #connection_pat: #connection_ty = &mut *#transaction;
+                                #private::handler_body::<#output, _>(async #block).await
+                            };
+                            (#transaction, #result)
+                        }
                     },
             };
             call_at(&run_transactional, run_args, first)
@@ -239,16 +241,15 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             }
             other => other.to_token_stream(),
         });
-        let borrow_extra = sig.inputs.iter().filter_map(|input| match input {
-            FnArg::Typed(typed) if !is_context(typed) && !std::ptr::eq(typed, handler.message_param) => {
-                match (&*typed.pat, &*typed.ty) {
-                    (Pat::Ident(pat), ty) if !matches!(ty, Type::Reference(_)) => {
-                        let ident = &pat.ident;
-                        Some(quote!(let #ident = &#ident;))
-                    }
-                    _ => None,
-                }
+        // The message is borrowed from the slice: an owned message parameter gets a copy.
+        let clone_per_message = sig.inputs.iter().filter_map(|input| match input {
+            FnArg::Typed(typed) if std::ptr::eq(typed, handler.message_param) => {
+                let ty = &typed.ty;
+                (!matches!(&**ty, Type::Reference(_))).then(|| {
+                    quote_spanned!(ty.span()=> let #message: #ty = ::core::clone::Clone::clone(#message);)
+                })
             }
+            FnArg::Typed(typed) if !is_context(typed) => clone_if_owned(typed),
             _ => None,
         });
         let (constness, asyncness, unsafety, abi, fn_token, generics) = (
@@ -269,12 +270,15 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                 ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
             },
             #codec_arg,
-            move |mut #transaction, #message| async move {
-                let #result = {
-                    let #connection_pat: #connection_ty = &mut *#transaction;
-                    #private::handler_body::<#output, _>(async #block).await
-                };
-                (#transaction, #result)
+            move |mut #transaction, #message| {
+                #(#clone_per_message)*
+                async move {
+                    let #result = {
+                        let #connection_pat: #connection_ty = &mut *#transaction;
+                        #private::handler_body::<#output, _>(async #block).await
+                    };
+                    (#transaction, #result)
+                }
             },
         };
         let run_batch_call = call_at(&quote!(#private::run_batch), run_batch_args, first);
@@ -287,7 +291,6 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                     scope: #scope,
                     max_attempts: #max_attempts,
                 };
-                #(#borrow_extra)*
                 #run_batch_call
             }
         }
@@ -304,7 +307,6 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
                 max_attempts: #max_attempts,
             };
             #sole_part_check
-            #(#borrow_owned)*
             let #derived = (|| -> ::core::result::Result<_, #private::KeyError> {
                 ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
             })();
@@ -610,4 +612,15 @@ fn is_connection(ty: &Type) -> bool {
             .segments
             .last()
             .is_some_and(|segment| segment.ident == "PgConnection" && segment.arguments.is_none())
+}
+
+/// `let name = Clone::clone(&name);` for a parameter bound to a name and not a reference.
+fn clone_if_owned(typed: &PatType) -> Option<TokenStream> {
+    match (&*typed.pat, &*typed.ty) {
+        (Pat::Ident(pat), ty) if !matches!(ty, Type::Reference(_)) => {
+            let ident = &pat.ident;
+            Some(quote_spanned!(ty.span()=> let #ident = ::core::clone::Clone::clone(&#ident);))
+        }
+        _ => None,
+    }
 }

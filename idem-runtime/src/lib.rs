@@ -147,16 +147,6 @@ pub mod __private {
     pub use crate::{Error, Handled, HandlerResult, Idem, IdempotencyKey, Outcome};
     pub use sqlx::PgConnection;
 
-    /// Requires the handler's return type to be a `Result` whose error is a
-    /// [`HandlerError`](crate::HandlerError) and whose value `codec` can store.
-    pub fn check_handler_result<R, C>(_codec: &C)
-    where
-        R: HandlerResult,
-        R::Error: crate::HandlerError,
-        C: crate::handler::ResultCodec<R::Value>,
-    {
-    }
-
     /// Fixes the output type of the handler's body, so that `?` in it converts errors.
     pub fn handler_body<R, F: core::future::Future<Output = R>>(body: F) -> F {
         body

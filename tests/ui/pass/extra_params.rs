@@ -1,4 +1,5 @@
-//! Parameters after the message stay parameters of the rewritten handler.
+//! Parameters after the message stay parameters of the rewritten handler, with their
+//! declared types: owned ones are copied for each run of the body.
 use idem_runtime::{Idem, idempotent};
 use sqlx::PgConnection;
 
@@ -18,8 +19,9 @@ async fn apply(
     partition: i32,
     topic: String,
 ) -> Result<i64, sqlx::Error> {
-    let _ = (tx, &event.order_id, topic.len());
-    Ok(pricing.vat_percent + i64::from(*partition))
+    let _ = (tx, &event.order_id);
+    let owned: String = topic;
+    Ok(pricing.vat_percent + i64::from(partition) + owned.len() as i64)
 }
 
 async fn deliver(idem: &Idem, event: &OrderEvent) {
