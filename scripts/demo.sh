@@ -20,7 +20,7 @@ command -v cargo >/dev/null 2>&1 || {
 
 echo "== services"
 scripts/services.sh up postgres kafka
-echo "== building the demo (release; the first build takes a few minutes)"
+echo "== building the demo (release; the first build takes 10 to 15 minutes on 2 cores)"
 cargo build --quiet --release --example demo
 echo "== running it"
 cargo run --quiet --release --example demo -- "$@"
