@@ -18,7 +18,7 @@
 //!
 //! With [`OffsetStore::Postgres`], the partition's next offset is written by the handler's
 //! transaction itself ([`apply_order_event_at`]) and read back on partition assignment,
-//! see [`offsets`](super::offsets).
+//! see [`offsets`].
 //!
 //! The consumer handles one message at a time ([`OrderConsumer::apply`]); that is where a
 //! batch path (several deliveries in one transaction) plugs in.
