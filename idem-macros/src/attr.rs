@@ -54,6 +54,8 @@ pub struct Args {
     pub batch: Option<LitBool>,
     pub krate: Option<Path>,
     pub mode: Option<(Mode, LitStr)>,
+    /// `mode` named no known mode: the signature is not checked against either.
+    pub mode_unknown: bool,
     pub lease: Option<(u64, LitStr)>,
     /// `cache = false`: this handler neither reads nor writes the Redis cache.
     pub cache: Option<LitBool>,
@@ -148,6 +150,7 @@ impl Args {
                     "transaction" => Mode::Transaction,
                     "lease" => Mode::Lease,
                     other => {
+                        self.mode_unknown = true;
                         return Err(syn::Error::new(
                             literal.span(),
                             format!(

@@ -23,7 +23,12 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
     let mode = args.mode();
     let batch = args.batch(mode);
     let cache = args.cache();
-    let handler = check_signature(item, mode, &mut args.errors);
+    // With an unknown mode, the signature cannot be checked against either one.
+    let handler = if args.mode_unknown {
+        None
+    } else {
+        check_signature(item, mode, &mut args.errors)
+    };
     if args.key.is_none() {
         args.errors.push(syn::Error::new(
             Span::call_site(),
@@ -425,8 +430,8 @@ fn check_signature<'a>(
     check_no_exclusive_borrows(sig, errors);
     let connection = match typed.next() {
         Some(lease) if is_reference_to(&lease.ty, "Lease") => {
-            errors.push(syn::Error::new(
-                lease.ty.span(),
+            errors.push(syn::Error::new_spanned(
+                &lease.ty,
                 "a lease guard is only given to lease-mode handlers: add `mode = \"lease\"`, or take the transaction's connection `tx: &mut PgConnection`",
             ));
             None
@@ -515,8 +520,8 @@ fn check_lease_signature<'a>(
 ) -> Option<Handler<'a>> {
     let mut first = typed.next();
     if let Some(connection) = first.filter(|first| is_connection(&first.ty)) {
-        errors.push(syn::Error::new(
-            connection.ty.span(),
+        errors.push(syn::Error::new_spanned(
+            &connection.ty,
             "a lease-mode handler runs outside any database transaction, so it receives no connection: take the lease guard `lease: &Lease` (or nothing) before the message, or use the default transaction mode",
         ));
         return None;
