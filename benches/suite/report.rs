@@ -147,6 +147,22 @@ pub struct SizeResult {
     pub indexes: Vec<IndexSize>,
 }
 
+/// 1, 2 and 5 times the powers of ten between `low` and `high`: the labels of a log axis.
+fn key_points(low: f64, high: f64) -> Vec<f64> {
+    let mut points = Vec::new();
+    let mut decade = 10f64.powf(low.max(1.0).log10().floor());
+    while decade <= high {
+        for factor in [1.0, 2.0, 5.0] {
+            let point = decade * factor;
+            if point >= low && point <= high {
+                points.push(point);
+            }
+        }
+        decade *= 10.0;
+    }
+    points
+}
+
 fn per_million(bytes: i64, keys: u64) -> f64 {
     bytes as f64 * 1e6 / keys as f64 / 1e6
 }
@@ -417,7 +433,8 @@ impl Report {
             println!(
                 "(rtrips: times the client waited for the server, pool pings included; simple: BEGIN/COMMIT-style queries; \
                  prepared: statement executions; pings: sqlx pool liveness checks on acquire and release; \
-                 srv cpu: the PostgreSQL backend's CPU time; *WAL: whole server, an upper bound)"
+                 srv cpu: the PostgreSQL backend's CPU time; commits..upd: per message, warm-up included, plus ~3 \
+                 set-up transactions of the probe spread over them; *WAL: whole server, an upper bound)"
             );
         }
 
@@ -503,7 +520,12 @@ impl Report {
             .margin(20)
             .x_label_area_size(45)
             .y_label_area_size(70)
-            .build_cartesian_2d((0..n - 1).into_segmented(), (min * 0.7..max * 1.5).log_scale())?;
+            .build_cartesian_2d(
+                (0..n - 1).into_segmented(),
+                (min * 0.7..max * 1.5)
+                    .log_scale()
+                    .with_key_points(key_points(min * 0.7, max * 1.5)),
+            )?;
         chart
             .configure_mesh()
             .disable_x_mesh()
@@ -550,7 +572,7 @@ impl Report {
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(SeriesLabelPosition::LowerRight)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()?;
