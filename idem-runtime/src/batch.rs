@@ -336,12 +336,10 @@ where
         .bind(&stored_results)
         .execute(&mut *tx)
         .await?;
-    } else {
-        // A body that swallowed a failed statement left the transaction aborted, and
-        // COMMIT would roll it back without an error (the UPDATE above fails instead).
-        transactional::ensure_not_aborted(&mut tx).await?;
     }
-    tx.commit().await?;
+    // A body that swallowed a failed statement left the transaction aborted: the check
+    // fails then, where a bare COMMIT would roll back without an error.
+    transactional::commit_checked(tx, "SELECT 1").await?;
     results.extend(
         values
             .into_iter()

@@ -113,6 +113,16 @@ pub(crate) enum LeaseClaim {
     Existing(Existing),
 }
 
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
+            let _ = write!(out, "{byte:02x}");
+            out
+        })
+}
+
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
@@ -125,7 +135,7 @@ pub(crate) struct Statements {
     read: String,
     retake: String,
     restore_lock_timeout: &'static str,
-    store_result: String,
+    table: String,
     record_failure: String,
     record: String,
     reset: String,
@@ -177,7 +187,6 @@ impl Statements {
                  RETURNING attempts"
             ),
             restore_lock_timeout: "SELECT set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true)",
-            store_result: format!("UPDATE {table} SET result = $3 WHERE scope = $1 AND key = $2"),
             // After the handler's transaction rolled back. Never overwrites a success (or a
             // parked key) that another delivery wrote meanwhile.
             record_failure: format!(
@@ -198,6 +207,7 @@ impl Statements {
                 "UPDATE {table} SET status = 'failed', attempts = 0, updated_at = now() \
                  WHERE scope = $1 AND key = $2 AND status IN ('failed', 'parked')"
             ),
+            table: table.clone(),
             // Lease mode. Expiry is computed and compared on the database's clock only.
             claim_lease: format!(
                 "INSERT INTO {table} AS k \
@@ -297,20 +307,21 @@ impl Statements {
         Ok(row.is_some())
     }
 
-    pub async fn store_result(
+    /// The `UPDATE` storing `result`, with its values inlined (hex-encoded, so no value
+    /// can be read as SQL), to be sent in one simple query with the commit.
+    pub fn store_result_inline(
         &self,
-        conn: &mut PgConnection,
         scope: &str,
         key: Uuid,
         result: &serde_json::Value,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(&self.store_result)
-            .bind(scope)
-            .bind(key)
-            .bind(result)
-            .execute(conn)
-            .await?;
-        Ok(())
+    ) -> String {
+        format!(
+            "UPDATE {table} SET result = convert_from(decode('{result}', 'hex'), 'UTF8')::jsonb \
+             WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key = '{key}'",
+            table = self.table,
+            result = hex(result.to_string().as_bytes()),
+            scope = hex(scope.as_bytes()),
+        )
     }
 
     /// Records a failed attempt; returns the attempts and whether the key is now parked,

@@ -251,28 +251,39 @@ pub(crate) fn decide<T, E, C: ResultCodec<T>>(
 
 async fn commit(
     idem: &Idem,
-    mut tx: Transaction<'static, Postgres>,
+    tx: Transaction<'static, Postgres>,
     scope: &str,
     key: IdempotencyKey,
     stored: Option<&serde_json::Value>,
 ) -> Result<(), sqlx::Error> {
     match stored {
-        // Like any statement, this fails if the body left the transaction aborted.
         Some(result) => {
-            idem.statements()
-                .store_result(&mut tx, scope, key.as_uuid(), result)
-                .await?
+            let store = idem
+                .statements()
+                .store_result_inline(scope, key.as_uuid(), result);
+            commit_checked(tx, &store).await
         }
-        None => ensure_not_aborted(&mut tx).await?,
+        None => commit_checked(tx, "SELECT 1").await,
     }
-    tx.commit().await
 }
 
-/// Fails (`25P02`) when a statement of the body failed and the body went on to return
-/// `Ok`: PostgreSQL then answers `COMMIT` with a rollback and no error, which would lose
-/// the claim and the effects behind an `Outcome::Executed`.
-pub(crate) async fn ensure_not_aborted(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-    conn.execute("SELECT 1").await.map(drop)
+/// Commits in one round trip, and fails if the body left the transaction aborted.
+///
+/// PostgreSQL answers `COMMIT` in an aborted transaction (a body that swallowed a failed
+/// statement and returned `Ok`) with a rollback and no error, which would lose the claim
+/// and the effects behind an `Outcome::Executed`. So the commit goes out as one simple
+/// query, `<first>; COMMIT; BEGIN`: `first` fails in an aborted transaction and stops the
+/// rest. The trailing `BEGIN` opens an empty transaction for the `Transaction` guard,
+/// which rolls it back when dropped, in the same round trip as the connection's release.
+pub(crate) async fn commit_checked(
+    mut tx: Transaction<'static, Postgres>,
+    first: &str,
+) -> Result<(), sqlx::Error> {
+    let statements = format!("{first}; COMMIT; BEGIN");
+    let conn: &mut PgConnection = &mut tx;
+    conn.execute(statements.as_str()).await?;
+    drop(tx);
+    Ok(())
 }
 
 fn is_lock_timeout(error: &sqlx::Error) -> bool {
