@@ -1,11 +1,14 @@
 //! idem's benchmark suite: the same business write per message, bare, through the article's
 //! algorithm written by hand and through `#[idempotent]`, side by side in one run against
-//! the local PostgreSQL; plus round trips per message and the status table's size.
+//! the local PostgreSQL; batches, lease mode, duplicate storms with and without the Redis
+//! cache (feature `redis`); plus round trips per message and the status table's size.
 //!
 //! ```text
-//! cargo bench --bench suite                      # full run (about 5 minutes)
+//! cargo bench --bench suite --features redis     # full run (about 10 minutes)
+//! cargo bench --bench suite                      # the same without the Redis scenarios
 //! IDEM_BENCH_QUICK=1 cargo bench --bench suite   # smoke run (well under a minute)
 //! cargo bench --bench suite -- idem bare         # only these scenarios
+//! cargo bench --bench suite -- memory            # 1,000,000 messages through batches: peak RSS
 //! ```
 //!
 //! Settings (environment variable, or `--name=value` after `--`):
@@ -22,6 +25,8 @@
 //! | `IDEM_BENCH_PROBE_MESSAGES` | `--probe-messages` | 200 (0: no round-trip probe) | 50 |
 //! | `IDEM_BENCH_SIZE_KEYS` | `--size-keys` | 200000 (0: no size report) | 20000 |
 //! | `IDEM_BENCH_DUP_KEYS` | `--dup-keys` | 2000 keys the duplicate scenarios cycle through | 300 |
+//! | `IDEM_BENCH_MEMORY_MESSAGES` | `--memory-messages` | 1000000 (the `memory` run only) | 100000 |
+//! | `IDEM_BENCH_REDIS_URL` | `--redis-url` | `REDIS_URL`, else `redis://127.0.0.1:6379` | |
 //! | `IDEM_BENCH_DATABASE` | `--database` | `idem_bench` (created if missing, on `DATABASE_URL`'s server) | |
 //! | `IDEM_BENCH_OUT` | `--out` | `target/bench` (`results.json`, `throughput.svg`) | |
 
@@ -42,7 +47,10 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 use crate::proxy::Proxy;
-use crate::report::{CellResult, DbPerMessage, ProbeResult, Report, SizeResult, WirePerMessage};
+use crate::report::{
+    CellResult, DbPerMessage, MemoryMark, MemoryResult, ProbeResult, Report, SizeResult,
+    WirePerMessage,
+};
 use crate::scenarios::{CREATE_ARTICLE_MESSAGES, Cell, Scenario, TRUNCATE};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -77,6 +85,10 @@ pub(crate) struct Settings {
     pub(crate) probe_messages: usize,
     pub(crate) size_keys: u64,
     pub(crate) dup_keys: usize,
+    /// Run the memory scenario (selected by the name `memory`).
+    pub(crate) memory: bool,
+    pub(crate) memory_messages: u64,
+    pub(crate) redis_url: String,
     pub(crate) database: String,
     #[serde(skip)]
     pub(crate) out: PathBuf,
@@ -127,32 +139,69 @@ impl Settings {
             }
         }
         let default_scenarios = if quick {
-            vec![
+            let mut quick = vec![
                 Scenario::Bare,
                 Scenario::Article,
                 Scenario::Idem,
                 Scenario::IdemDup,
-            ]
+                Scenario::Batch500,
+                Scenario::BareBatch500,
+                Scenario::Lease,
+                Scenario::Storm,
+            ];
+            if cfg!(feature = "redis") {
+                quick.extend([
+                    Scenario::IdemRedis,
+                    Scenario::IdemDupRedis,
+                    Scenario::StormRedis,
+                    Scenario::StormRedisDown,
+                ]);
+            }
+            quick
         } else {
-            Scenario::ALL.to_vec()
+            Scenario::available()
         };
-        let mut scenarios = list(
+        // `memory` is a run of its own, selected by name (`None` below).
+        let pick = |name: &str| -> Option<Option<Scenario>> {
+            if name == "memory" {
+                Some(None)
+            } else {
+                Scenario::parse(name).map(Some)
+            }
+        };
+        let mut picked: Vec<Option<Scenario>> = list(
             "scenarios",
             get("scenarios"),
-            default_scenarios,
-            Scenario::parse,
+            default_scenarios.into_iter().map(Some).collect(),
+            pick,
         )?;
         // `cargo bench -- NAME...` picks scenarios by name.
         if !filter.is_empty() {
-            scenarios = filter
+            picked = filter
                 .iter()
                 .map(|name| {
-                    Scenario::parse(name).ok_or_else(|| -> BoxError {
+                    pick(name).ok_or_else(|| -> BoxError {
                         let known: Vec<_> = Scenario::ALL.iter().map(|s| s.name()).collect();
-                        format!("unknown scenario {name:?}; known: {}", known.join(", ")).into()
+                        format!(
+                            "unknown scenario {name:?}; known: {}, memory",
+                            known.join(", ")
+                        )
+                        .into()
                     })
                 })
                 .collect::<Result<_, _>>()?;
+        }
+        let memory = picked.contains(&None);
+        let scenarios: Vec<Scenario> = picked.into_iter().flatten().collect();
+        if let Some(redis) = scenarios
+            .iter()
+            .find(|s| s.redis() && !cfg!(feature = "redis"))
+        {
+            return Err(format!(
+                "scenario {} needs the Redis cache: cargo bench --bench suite --features redis",
+                redis.name()
+            )
+            .into());
         }
         let sync = list(
             "sync",
@@ -205,6 +254,16 @@ impl Settings {
                 if quick { 20_000 } else { 200_000 },
             )?,
             dup_keys: parse("dup-keys", get("dup-keys"), if quick { 300 } else { 2000 })?.max(1),
+            memory,
+            memory_messages: parse(
+                "memory-messages",
+                get("memory-messages"),
+                if quick { 100_000 } else { 1_000_000 },
+            )?
+            .max(1000),
+            redis_url: get("redis-url")
+                .or_else(|| std::env::var("REDIS_URL").ok())
+                .unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
             database: get("database").unwrap_or_else(|| "idem_bench".into()),
             out,
         };
@@ -224,7 +283,7 @@ impl Settings {
         let mut cells = Vec::new();
         for &sync in &self.sync {
             for &scenario in &self.scenarios {
-                if scenario.duplicates() && sync == SyncCommit::Off {
+                if scenario.sync_on_only() && sync == SyncCommit::Off {
                     continue;
                 }
                 cells.push((scenario, sync));
@@ -238,6 +297,12 @@ impl Settings {
 struct Target {
     admin: PgConnectOptions,
     bench: PgConnectOptions,
+    /// The shared Redis.
+    redis: String,
+    /// A Redis URL where nothing listens.
+    redis_down: String,
+    /// Distinguishes this run's Redis entries from earlier runs'.
+    run: String,
 }
 
 impl Target {
@@ -267,6 +332,37 @@ impl Target {
             .await?)
     }
 
+    /// The Redis key prefix of a cell.
+    fn prefix(&self, tag: &str) -> String {
+        format!("idem-bench:{}:{tag}:", self.run)
+    }
+
+    /// The runtime handle of `scenario` on `pool`, with a Redis cache under `prefix` where
+    /// the scenario has one.
+    fn handle(&self, scenario: Scenario, pool: PgPool, prefix: &str) -> Result<Idem, BoxError> {
+        let builder = Idem::builder(pool).schema("idem");
+        #[cfg(feature = "redis")]
+        let builder = if scenario.redis() {
+            let url = if scenario == Scenario::StormRedisDown {
+                &self.redis_down
+            } else {
+                &self.redis
+            };
+            let cache = idem_runtime::cache::RedisCache::from_url(url)?
+                .prefix(prefix)
+                .ttl(Duration::from_secs(300));
+            builder.redis(cache)
+        } else {
+            builder
+        };
+        #[cfg(not(feature = "redis"))]
+        if scenario.redis() {
+            return Err(format!("scenario {} needs --features redis", scenario.name()).into());
+        }
+        let _ = (prefix, &self.redis, &self.redis_down);
+        Ok(builder.build()?)
+    }
+
     async fn truncate(&self) -> Result<(), BoxError> {
         let mut conn = self.bench_conn().await?;
         conn.execute(TRUNCATE).await?;
@@ -274,14 +370,39 @@ impl Target {
         Ok(())
     }
 
-    /// Processes the messages that a duplicate scenario receives again.
-    async fn populate(&self, settings: &Settings, scenario: Scenario) -> Result<(), BoxError> {
+    /// Processes the messages that a duplicate scenario receives again (and, with a cache,
+    /// waits until Redis has them all).
+    async fn populate(
+        &self,
+        settings: &Settings,
+        scenario: Scenario,
+        prefix: &str,
+    ) -> Result<(), BoxError> {
         if !scenario.duplicates() {
             return Ok(());
         }
         let pool = self.pool(SyncCommit::Off, 8, "idem-bench-setup").await?;
-        let idem = Idem::builder(pool.clone()).schema("idem").build()?;
+        let idem = self.handle(scenario, pool.clone(), prefix)?;
         scenarios::populate(scenario, &pool, &idem, settings.dup_keys, 8).await?;
+        #[cfg(feature = "redis")]
+        if scenario.redis() {
+            let wanted = settings.dup_keys as u64;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let stats = idem.cache_stats().unwrap_or_default();
+                if stats.writes >= wanted {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "Redis holds {} of {wanted} keys: {stats:?}",
+                        stats.writes
+                    )
+                    .into());
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         pool.close().await;
         Ok(())
     }
@@ -302,7 +423,25 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let admin = PgConnectOptions::from_str(&url)?;
     let bench = admin.clone().database(&settings.database);
-    let target = Target { admin, bench };
+    let redis_down = {
+        // A port that was free a moment ago: nothing listens there.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        format!("redis://127.0.0.1:{}", listener.local_addr()?.port())
+    };
+    let run = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis()
+    );
+    let target = Target {
+        admin,
+        bench,
+        redis: settings.redis_url.clone(),
+        redis_down,
+        run,
+    };
 
     let mut admin = PgConnection::connect_with(&target.admin).await?;
     let server_version: String = sqlx::query_scalar("SHOW server_version")
@@ -330,10 +469,15 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
             probes.push(probe(&settings, &target, &mut admin, scenario).await?);
         }
     }
-    let sizes = if settings.size_keys > 0 {
+    let sizes = if settings.size_keys > 0 && !settings.scenarios.is_empty() {
         sizes(&target, settings.size_keys).await?
     } else {
         Vec::new()
+    };
+    let memory = if settings.memory {
+        Some(memory(&settings, &target).await?)
+    } else {
+        None
     };
     target.truncate().await?;
     admin.close().await?;
@@ -344,6 +488,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         cells,
         probes,
         sizes,
+        memory,
         started.elapsed().as_secs_f64(),
         [load_before, load_average()],
     );
@@ -478,14 +623,16 @@ async fn throughput(settings: &Settings, target: &Target) -> Result<Vec<CellResu
             for index in 0..cells.len() {
                 let (scenario, sync) = cells[(index + round) % cells.len()];
                 serial += 1;
+                let tag = format!("c{serial}");
+                let prefix = target.prefix(&tag);
                 target.truncate().await?;
-                target.populate(settings, scenario).await?;
+                target.populate(settings, scenario, &prefix).await?;
                 let pool = target.pool(sync, concurrency, "idem-bench").await?;
                 let cell = Arc::new(Cell {
                     scenario,
-                    idem: Idem::builder(pool.clone()).schema("idem").build()?,
+                    idem: target.handle(scenario, pool.clone(), &prefix)?,
                     pool: pool.clone(),
-                    tag: format!("c{serial}"),
+                    tag,
                     concurrency,
                     duplicate_keys: settings.dup_keys,
                 });
@@ -610,10 +757,13 @@ async fn probe(
     admin: &mut PgConnection,
     scenario: Scenario,
 ) -> Result<ProbeResult, BoxError> {
-    const WARMUP: u64 = 20;
-    let messages = settings.probe_messages as u64;
+    // Batches: a few warm-up batches, then enough batches for the messages asked.
+    let size = scenario.batch_size() as u64;
+    let warmup_steps = if size > 1 { 2 } else { 20 };
+    let steps = (settings.probe_messages as u64).div_ceil(size).max(2);
+    let prefix = target.prefix(&format!("probe-{}", scenario.name()));
     target.truncate().await?;
-    target.populate(settings, scenario).await?;
+    target.populate(settings, scenario, &prefix).await?;
     wait_for_no_clients(admin, &settings.database).await?;
     let (before, lsn_before) = db_stats(admin, &settings.database).await?;
 
@@ -632,14 +782,15 @@ async fn probe(
         .await?;
     let cell = Cell {
         scenario,
-        idem: Idem::builder(pool.clone()).schema("idem").build()?,
+        idem: target.handle(scenario, pool.clone(), &prefix)?,
         pool: pool.clone(),
         tag: "probe".into(),
         concurrency: 1,
         duplicate_keys: settings.dup_keys,
     };
-    for iteration in 0..WARMUP {
-        cell.step(0, iteration).await?;
+    let mut warmup = 0;
+    for iteration in 0..warmup_steps {
+        warmup += cell.step(0, iteration).await?;
     }
     let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&pool)
@@ -647,8 +798,9 @@ async fn probe(
     wait_for_idle(&pool).await;
     let cpu_before = backend_cpu_ns(backend);
     let start = proxy.counters.snapshot();
-    for iteration in WARMUP..WARMUP + messages {
-        cell.step(0, iteration).await?;
+    let mut messages = 0;
+    for iteration in warmup_steps..warmup_steps + steps {
+        messages += cell.step(0, iteration).await?;
     }
     wait_for_idle(&pool).await;
     let wire = proxy.counters.snapshot().since(start);
@@ -672,7 +824,7 @@ async fn probe(
     .await?;
 
     let n = messages as f64;
-    let all = (WARMUP + messages) as f64;
+    let all = (warmup + messages) as f64;
     let per = |value: i64| value as f64 / all;
     let result = ProbeResult {
         scenario,
@@ -687,7 +839,7 @@ async fn probe(
         },
         server_cpu_us,
         db: DbPerMessage {
-            messages: WARMUP + messages,
+            messages: warmup + messages,
             commits: per(after.commits - before.commits),
             rollbacks: per(after.rollbacks - before.rollbacks),
             rows_inserted: per(after.inserted - before.inserted),
@@ -756,4 +908,100 @@ async fn sizes(target: &Target, keys: u64) -> Result<Vec<SizeResult>, BoxError> 
     }
     conn.close().await?;
     Ok(results)
+}
+
+/// The process's peak and current resident set size (Linux), in KiB.
+fn rss_kib() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+/// Processes `settings.memory_messages` new messages through the batch path (batches of
+/// 500, 4 workers), recording the process's peak RSS at a tenth, half and all of them;
+/// then the status table's size for that many keys.
+async fn memory(settings: &Settings, target: &Target) -> Result<MemoryResult, BoxError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const BATCH: u64 = 500;
+    const WORKERS: usize = 4;
+    let total = settings.memory_messages.div_ceil(BATCH) * BATCH;
+    let marks_at = [0, total / 10, total / 2, total];
+    target.truncate().await?;
+    let pool = target
+        .pool(SyncCommit::On, WORKERS, "idem-bench-memory")
+        .await?;
+    let idem = Idem::builder(pool.clone()).schema("idem").build()?;
+    let next = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let marks = Arc::new(std::sync::Mutex::new(vec![MemoryMark::new(0, rss_kib())]));
+    println!("  memory: {total} messages in batches of {BATCH}, {WORKERS} workers");
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..WORKERS {
+        let (idem, next, done, marks) = (idem.clone(), next.clone(), done.clone(), marks.clone());
+        tasks.spawn(async move {
+            loop {
+                let batch = next.fetch_add(1, Ordering::Relaxed);
+                if batch * BATCH >= total {
+                    return Ok::<(), String>(());
+                }
+                let events: Vec<_> = (0..BATCH)
+                    .map(|i| scenarios::event(format!("m-{batch}-{i}")))
+                    .collect();
+                for outcome in scenarios::apply_batched_batch(&idem, &events).await {
+                    if !outcome.map_err(|e| e.to_string())?.is_executed() {
+                        return Err("a new message was taken for a duplicate".into());
+                    }
+                }
+                drop(events);
+                let before = done.fetch_add(BATCH, Ordering::Relaxed);
+                for mark in marks_at {
+                    if before < mark && mark <= before + BATCH {
+                        let taken = MemoryMark::new(mark, rss_kib());
+                        println!(
+                            "  memory: {:>8} messages, peak RSS {:.1} MiB",
+                            mark,
+                            taken.peak_rss_kib as f64 / 1024.0
+                        );
+                        marks.lock().expect("marks").push(taken);
+                    }
+                }
+            }
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.expect("a memory worker panicked")?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let mut conn = target.bench_conn().await?;
+    let (heap, indexes): (i64, i64) = sqlx::query_as(
+        "SELECT pg_relation_size('idem.idem_keys'), pg_indexes_size('idem.idem_keys')",
+    )
+    .fetch_one(&mut conn)
+    .await?;
+    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM idem.idem_keys")
+        .fetch_one(&mut conn)
+        .await?;
+    conn.close().await?;
+    drop(idem);
+    pool.close().await;
+    target.truncate().await?;
+    let mut marks = std::mem::take(&mut *marks.lock().expect("marks"));
+    marks.sort_by_key(|m| m.messages);
+    Ok(MemoryResult::new(
+        total,
+        BATCH,
+        WORKERS,
+        seconds,
+        marks,
+        u64::try_from(keys)?,
+        heap,
+        indexes,
+    ))
 }

@@ -147,6 +147,84 @@ pub struct SizeResult {
     pub indexes: Vec<IndexSize>,
 }
 
+/// The process's resident set size after a number of messages of the memory run.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryMark {
+    pub messages: u64,
+    /// `VmHWM`: the peak so far.
+    pub peak_rss_kib: u64,
+    /// `VmRSS`: now.
+    pub rss_kib: u64,
+}
+
+impl MemoryMark {
+    pub fn new(messages: u64, (peak, now): (u64, u64)) -> Self {
+        MemoryMark {
+            messages,
+            peak_rss_kib: peak,
+            rss_kib: now,
+        }
+    }
+}
+
+/// The memory run: many messages through the batch path.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryResult {
+    pub messages: u64,
+    pub batch: u64,
+    pub workers: usize,
+    pub seconds: f64,
+    pub msgs_per_sec: f64,
+    pub marks: Vec<MemoryMark>,
+    /// Rows of the status table afterwards, and its size.
+    pub keys: u64,
+    pub heap_bytes: i64,
+    pub index_bytes: i64,
+    pub heap_mb_per_million_keys: f64,
+    pub index_mb_per_million_keys: f64,
+}
+
+impl MemoryResult {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        messages: u64,
+        batch: u64,
+        workers: usize,
+        seconds: f64,
+        marks: Vec<MemoryMark>,
+        keys: u64,
+        heap_bytes: i64,
+        index_bytes: i64,
+    ) -> Self {
+        MemoryResult {
+            messages,
+            batch,
+            workers,
+            seconds,
+            msgs_per_sec: messages as f64 / seconds,
+            marks,
+            keys,
+            heap_bytes,
+            index_bytes,
+            heap_mb_per_million_keys: per_million(heap_bytes, keys.max(1)),
+            index_mb_per_million_keys: per_million(index_bytes, keys.max(1)),
+        }
+    }
+}
+
+/// Duplicate latency answered from the Redis cache against from PostgreSQL.
+#[derive(Debug, Clone, Serialize)]
+pub struct DuplicateLatency {
+    pub concurrency: usize,
+    pub cache_p50_ms: f64,
+    pub cache_p99_ms: f64,
+    pub postgres_p50_ms: f64,
+    pub postgres_p99_ms: f64,
+    /// Cache p50 over PostgreSQL p50 (goal: <= 0.5).
+    pub p50_ratio: f64,
+    pub met: bool,
+}
+
 /// 1, 2 and 5 times the powers of ten between `low` and `high`: the labels of a log axis.
 fn key_points(low: f64, high: f64) -> Vec<f64> {
     let mut points = Vec::new();
@@ -223,12 +301,15 @@ pub struct Report {
     pub ratios: Vec<Ratio>,
     pub round_trips: Vec<ProbeResult>,
     pub sizes: Vec<SizeResult>,
+    pub duplicate_latency: Vec<DuplicateLatency>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryResult>,
 }
 
 /// The ratios that the report prints: (numerator, denominator, goal for a sync setting
 /// and concurrency).
 type Goal = fn(SyncCommit, usize) -> Option<f64>;
-const RATIOS: [(Scenario, Scenario, Goal); 6] = [
+const RATIOS: [(Scenario, Scenario, Goal); 16] = [
     (Scenario::Idem, Scenario::Bare, |sync, c| {
         (sync == SyncCommit::On && c == 16).then_some(0.75)
     }),
@@ -241,15 +322,34 @@ const RATIOS: [(Scenario, Scenario, Goal); 6] = [
     // A duplicate costs >= 10x less than a new message.
     (Scenario::IdemDup, Scenario::Idem, |_, _| Some(10.0)),
     (Scenario::ArticleDup, Scenario::Article, |_, _| None),
+    // Batches of 500 against the same messages one by one, and against the bare batch.
+    (Scenario::Batch500, Scenario::Idem, |sync, c| {
+        (sync == SyncCommit::On && c == 4).then_some(10.0)
+    }),
+    (Scenario::Batch100, Scenario::Idem, |_, _| None),
+    (Scenario::Batch10, Scenario::Idem, |_, _| None),
+    (Scenario::Batch500, Scenario::BareBatch500, |sync, c| {
+        (sync == SyncCommit::On && c == 4).then_some(0.6)
+    }),
+    (Scenario::BareBatch500, Scenario::Bare, |_, _| None),
+    (Scenario::Lease, Scenario::Bare, |_, _| None),
+    (Scenario::Lease, Scenario::Idem, |_, _| None),
+    // Redis stopped: PostgreSQL carries on, at >= 0.9x the PostgreSQL-only throughput.
+    (Scenario::StormRedisDown, Scenario::Storm, |_, _| Some(0.9)),
+    (Scenario::StormRedis, Scenario::Storm, |_, _| None),
+    // The cache's cost on new messages: <= 5%.
+    (Scenario::IdemRedis, Scenario::Idem, |_, _| Some(0.95)),
 ];
 
 impl Report {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         settings: &Settings,
         server_version: String,
         cells: Vec<CellResult>,
         round_trips: Vec<ProbeResult>,
         sizes: Vec<SizeResult>,
+        memory: Option<MemoryResult>,
         wall_seconds: f64,
         load_average: [f64; 2],
     ) -> Self {
@@ -283,7 +383,34 @@ impl Report {
                 }
             }
         }
+        let cell = |scenario, concurrency| {
+            cells.iter().find(|c| {
+                c.scenario == scenario && c.sync == SyncCommit::On && c.concurrency == concurrency
+            })
+        };
+        let duplicate_latency = settings
+            .concurrency
+            .iter()
+            .filter_map(|&c| {
+                let (cache, postgres) = (
+                    cell(Scenario::IdemDupRedis, c)?,
+                    cell(Scenario::IdemDup, c)?,
+                );
+                let p50_ratio = cache.latency_p50_ms / postgres.latency_p50_ms;
+                Some(DuplicateLatency {
+                    concurrency: c,
+                    cache_p50_ms: cache.latency_p50_ms,
+                    cache_p99_ms: cache.latency_p99_ms,
+                    postgres_p50_ms: postgres.latency_p50_ms,
+                    postgres_p99_ms: postgres.latency_p99_ms,
+                    p50_ratio,
+                    met: p50_ratio <= 0.5,
+                })
+            })
+            .collect();
         Report {
+            duplicate_latency,
+            memory,
             server_version,
             cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
             wall_seconds,
@@ -389,6 +516,30 @@ impl Report {
             println!("('!' marks a ratio below its goal)");
         }
 
+        if !self.duplicate_latency.is_empty() {
+            println!();
+            println!(
+                "Duplicate latency (ms per message): answered from Redis (idem-dup-redis) vs from PostgreSQL (idem-dup)"
+            );
+            println!(
+                "{:>5} {:>10} {:>10} {:>10} {:>10} {:>10}",
+                "c", "redis p50", "redis p99", "pg p50", "pg p99", "p50 ratio"
+            );
+            for d in &self.duplicate_latency {
+                println!(
+                    "{:>5} {:>10.3} {:>10.3} {:>10.3} {:>10.3} {:>9.2}{}",
+                    d.concurrency,
+                    d.cache_p50_ms,
+                    d.cache_p99_ms,
+                    d.postgres_p50_ms,
+                    d.postgres_p99_ms,
+                    d.p50_ratio,
+                    if d.met { " " } else { "!" }
+                );
+            }
+            println!("(goal: redis p50 <= 0.5x pg p50; '!' marks a miss)");
+        }
+
         if !self.round_trips.is_empty() {
             println!();
             println!(
@@ -457,6 +608,25 @@ impl Report {
                     size.total_mb_per_million_keys
                 );
             }
+        }
+        if let Some(memory) = &self.memory {
+            println!();
+            println!(
+                "Memory: {} messages through batches of {} ({} workers), {:.0} s, {:.0} msg/s",
+                memory.messages, memory.batch, memory.workers, memory.seconds, memory.msgs_per_sec
+            );
+            for mark in &memory.marks {
+                println!(
+                    "  after {:>8} messages: peak RSS {:>7.1} MiB, RSS {:>7.1} MiB",
+                    mark.messages,
+                    mark.peak_rss_kib as f64 / 1024.0,
+                    mark.rss_kib as f64 / 1024.0
+                );
+            }
+            println!(
+                "  idem.idem_keys with {} keys: heap {:.1} MB, indexes {:.1} MB per million keys",
+                memory.keys, memory.heap_mb_per_million_keys, memory.index_mb_per_million_keys
+            );
         }
         println!();
         println!(

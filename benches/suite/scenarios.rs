@@ -1,15 +1,17 @@
 //! The scenarios: the same business write (one row into `order_effects`) per message,
-//! bare, through the article's algorithm written by hand, and through `#[idempotent]`.
+//! bare, through the article's algorithm written by hand, and through `#[idempotent]`
+//! (per message, batched, in lease mode, with and without the Redis cache).
 
 use futures::StreamExt;
 use idem_runtime::key::KeyBuilder;
+use idem_runtime::lease::Lease;
 use idem_runtime::{Idem, Outcome, idempotent};
 use idem_suite::orders::{EventType, OrderEvent};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 
 /// The business write of every scenario.
-const INSERT_EFFECT: &str =
+pub(crate) const INSERT_EFFECT: &str =
     "INSERT INTO order_effects (order_id, event_type, amount_cents) VALUES ($1, $2, $3)";
 
 /// The status table of the hand-written article algorithm: what a user following the
@@ -42,7 +44,34 @@ pub enum Scenario {
     IdemDup,
     /// The hand-written article algorithm, every message a duplicate.
     ArticleDup,
+    /// `#[idempotent(batch = true)]`, batches of 10 new messages.
+    Batch10,
+    /// `#[idempotent(batch = true)]`, batches of 100 new messages.
+    Batch100,
+    /// `#[idempotent(batch = true)]`, batches of 500 new messages.
+    Batch500,
+    /// The reference of batches: `BEGIN; INSERT ... SELECT FROM unnest(...); COMMIT` for
+    /// 500 messages, no idempotency.
+    BareBatch500,
+    /// `#[idempotent(mode = "lease")]`, new messages, the body an external call (no write).
+    Lease,
+    /// Duplicate storm through PostgreSQL only: every message delivered 4 times.
+    Storm,
+    /// `#[idempotent]` with the Redis cache, new messages (the cache's cost).
+    IdemRedis,
+    /// `#[idempotent]` with the Redis cache, every message a duplicate already in Redis.
+    IdemDupRedis,
+    /// Duplicate storm with the Redis cache.
+    StormRedis,
+    /// Duplicate storm with the cache pointed at a port where nothing listens.
+    StormRedisDown,
 }
+
+/// How many times the storm scenarios deliver each message.
+pub const STORM_DELIVERIES: u64 = 4;
+/// The storm scenarios deliver a worker's messages in blocks of this many, each block
+/// [`STORM_DELIVERIES`] times over, so a redelivery comes after the first one committed.
+pub const STORM_BLOCK: u64 = 50;
 
 impl From<Scenario> for &'static str {
     fn from(scenario: Scenario) -> Self {
@@ -51,14 +80,32 @@ impl From<Scenario> for &'static str {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    pub const ALL: [Scenario; 16] = [
         Scenario::Bare,
         Scenario::Article,
         Scenario::Idem,
         Scenario::IdemResult,
         Scenario::IdemDup,
         Scenario::ArticleDup,
+        Scenario::Batch10,
+        Scenario::Batch100,
+        Scenario::Batch500,
+        Scenario::BareBatch500,
+        Scenario::Lease,
+        Scenario::Storm,
+        Scenario::IdemRedis,
+        Scenario::IdemDupRedis,
+        Scenario::StormRedis,
+        Scenario::StormRedisDown,
     ];
+
+    /// The scenarios this build can run (the Redis ones need the `redis` feature).
+    pub fn available() -> Vec<Scenario> {
+        Scenario::ALL
+            .into_iter()
+            .filter(|s| cfg!(feature = "redis") || !s.redis())
+            .collect()
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -68,6 +115,16 @@ impl Scenario {
             Scenario::IdemResult => "idem-result",
             Scenario::IdemDup => "idem-dup",
             Scenario::ArticleDup => "article-dup",
+            Scenario::Batch10 => "batch-10",
+            Scenario::Batch100 => "batch-100",
+            Scenario::Batch500 => "batch-500",
+            Scenario::BareBatch500 => "bare-batch-500",
+            Scenario::Lease => "lease",
+            Scenario::Storm => "storm",
+            Scenario::IdemRedis => "idem-redis",
+            Scenario::IdemDupRedis => "idem-dup-redis",
+            Scenario::StormRedis => "storm-redis",
+            Scenario::StormRedisDown => "storm-redis-down",
         }
     }
 
@@ -85,12 +142,65 @@ impl Scenario {
             Scenario::IdemResult => "#[idempotent] storing the new row's id, new message",
             Scenario::IdemDup => "#[idempotent], every message a duplicate of a success",
             Scenario::ArticleDup => "by hand (article), every message a duplicate of a success",
+            Scenario::Batch10 => "#[idempotent(batch = true)], batches of 10 new messages",
+            Scenario::Batch100 => "#[idempotent(batch = true)], batches of 100 new messages",
+            Scenario::Batch500 => "#[idempotent(batch = true)], batches of 500 new messages",
+            Scenario::BareBatch500 => {
+                "BEGIN; INSERT 500 business rows FROM unnest(...); COMMIT (no idempotency)"
+            }
+            Scenario::Lease => {
+                "#[idempotent(mode = \"lease\")], new message, body an external call (no database write)"
+            }
+            Scenario::Storm => "#[idempotent], every message delivered 4 times, PostgreSQL only",
+            Scenario::IdemRedis => "#[idempotent] with the Redis cache, new message",
+            Scenario::IdemDupRedis => {
+                "#[idempotent] with the Redis cache, every message a duplicate already in Redis"
+            }
+            Scenario::StormRedis => {
+                "#[idempotent] with the Redis cache, every message delivered 4 times"
+            }
+            Scenario::StormRedisDown => {
+                "#[idempotent] with the cache at a port where nothing listens, every message delivered 4 times"
+            }
         }
     }
 
     /// Every message of the scenario was already processed before the cell starts.
     pub fn duplicates(self) -> bool {
-        matches!(self, Scenario::IdemDup | Scenario::ArticleDup)
+        matches!(
+            self,
+            Scenario::IdemDup | Scenario::ArticleDup | Scenario::IdemDupRedis
+        )
+    }
+
+    /// Messages per step.
+    pub fn batch_size(self) -> usize {
+        match self {
+            Scenario::Batch10 => 10,
+            Scenario::Batch100 => 100,
+            Scenario::Batch500 | Scenario::BareBatch500 => 500,
+            _ => 1,
+        }
+    }
+
+    /// The runtime handle of the scenario has a Redis cache.
+    pub fn redis(self) -> bool {
+        matches!(
+            self,
+            Scenario::IdemRedis
+                | Scenario::IdemDupRedis
+                | Scenario::StormRedis
+                | Scenario::StormRedisDown
+        )
+    }
+
+    /// Runs with `synchronous_commit=on` only (the setting's effect is measured on the
+    /// per-message scenarios).
+    pub fn sync_on_only(self) -> bool {
+        !matches!(
+            self,
+            Scenario::Bare | Scenario::Article | Scenario::Idem | Scenario::IdemResult
+        )
     }
 }
 
@@ -106,6 +216,39 @@ async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Er
         .bind(event.amount_cents)
         .execute(&mut *tx)
         .await?;
+    Ok(())
+}
+
+/// The same handler as `apply`, with the batch variant `apply_batched_batch`.
+#[idempotent(
+    key = "order_id, event_type",
+    scope = "bench_apply",
+    store_result = false,
+    batch = true
+)]
+pub(crate) async fn apply_batched(
+    tx: &mut PgConnection,
+    event: &OrderEvent,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(INSERT_EFFECT)
+        .bind(&event.order_id)
+        .bind("paid")
+        .bind(event.amount_cents)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Lease mode: the body stands for a call to an external system.
+#[idempotent(
+    key = "order_id, event_type",
+    scope = "bench_lease",
+    mode = "lease",
+    lease = "30s",
+    store_result = false
+)]
+async fn notify(lease: &Lease, event: &OrderEvent) -> Result<(), std::io::Error> {
+    std::hint::black_box((lease.token(), &event.order_id));
     Ok(())
 }
 
@@ -129,6 +272,24 @@ async fn bare(pool: &PgPool, event: &OrderEvent) -> Result<(), sqlx::Error> {
         .bind(event.amount_cents)
         .execute(&mut *tx)
         .await?;
+    tx.commit().await
+}
+
+/// The bare batch: one transaction, one multi-row insert, one commit.
+async fn bare_batch(pool: &PgPool, events: &[OrderEvent]) -> Result<(), sqlx::Error> {
+    let ids: Vec<&str> = events.iter().map(|e| e.order_id.as_str()).collect();
+    let types: Vec<&str> = events.iter().map(|_| "paid").collect();
+    let amounts: Vec<i64> = events.iter().map(|e| e.amount_cents).collect();
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO order_effects (order_id, event_type, amount_cents) \
+         SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])",
+    )
+    .bind(&ids)
+    .bind(&types)
+    .bind(&amounts)
+    .execute(&mut *tx)
+    .await?;
     tx.commit().await
 }
 
@@ -176,7 +337,7 @@ async fn article(pool: &PgPool, event: &OrderEvent) -> Result<bool, String> {
     run.await.map_err(|e| e.to_string())
 }
 
-fn event(order_id: String) -> OrderEvent {
+pub(crate) fn event(order_id: String) -> OrderEvent {
     OrderEvent {
         order_id,
         event_type: EventType::Paid,
@@ -213,8 +374,54 @@ impl Cell {
                 event(format!("{}-{worker}-{iteration}", self.tag))
             }
         };
+        let batch = |size: usize| -> Vec<OrderEvent> {
+            (0..size)
+                .map(|i| event(format!("{}-{worker}-{iteration}-{i}", self.tag)))
+                .collect()
+        };
         let event = message();
         match self.scenario {
+            Scenario::Batch10 | Scenario::Batch100 | Scenario::Batch500 => {
+                let events = batch(self.scenario.batch_size());
+                for outcome in apply_batched_batch(&self.idem, &events).await {
+                    let outcome = outcome.map_err(|e| e.to_string())?;
+                    expect(matches!(outcome, Outcome::Executed(_)), true)?;
+                }
+                return Ok(events.len() as u64);
+            }
+            Scenario::BareBatch500 => {
+                let events = batch(self.scenario.batch_size());
+                bare_batch(&self.pool, &events)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                return Ok(events.len() as u64);
+            }
+            Scenario::Lease => {
+                let outcome = notify(&self.idem, &event)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                expect(matches!(outcome, Outcome::Executed(_)), true)?;
+            }
+            Scenario::Storm | Scenario::StormRedis | Scenario::StormRedisDown => {
+                // Blocks of STORM_BLOCK messages, each block delivered STORM_DELIVERIES
+                // times over: the first pass is new, the others duplicates.
+                let round = STORM_BLOCK * STORM_DELIVERIES;
+                let (block, within) = (iteration / round, iteration % round);
+                let index = block * STORM_BLOCK + within % STORM_BLOCK;
+                let storm = self::event(format!("{}-{worker}-s{index}", self.tag));
+                let outcome = apply(&self.idem, &storm).await.map_err(|e| e.to_string())?;
+                expect(
+                    matches!(outcome, Outcome::Executed(_)),
+                    within < STORM_BLOCK,
+                )?;
+            }
+            Scenario::IdemRedis | Scenario::IdemDupRedis => {
+                let outcome = apply(&self.idem, &event).await.map_err(|e| e.to_string())?;
+                expect(
+                    matches!(outcome, Outcome::Executed(_)),
+                    self.scenario == Scenario::IdemRedis,
+                )?;
+            }
             Scenario::Bare => bare(&self.pool, &event).await.map_err(|e| e.to_string())?,
             Scenario::Article => expect(article(&self.pool, &event).await?, true)?,
             Scenario::ArticleDup => expect(article(&self.pool, &event).await?, false)?,
@@ -249,7 +456,7 @@ pub async fn populate(
         futures::stream::iter((0..keys).map(|index| async move {
             let event = event(duplicate_id(index));
             match scenario {
-                Scenario::IdemDup => apply(idem, &event)
+                Scenario::IdemDup | Scenario::IdemDupRedis => apply(idem, &event)
                     .await
                     .map(|_| ())
                     .map_err(|e| e.to_string()),
