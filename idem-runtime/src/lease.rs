@@ -53,7 +53,8 @@ use crate::cache::{self, CachePolicy};
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::outcome::{Error, HandlerError, Outcome, error_chain};
-use crate::store::{LeaseClaim, Status};
+use crate::store::LeaseClaim;
+use crate::transactional;
 
 /// The lease that a lease-mode handler holds on its key while its body runs.
 #[derive(Clone, Debug)]
@@ -227,18 +228,7 @@ where
             }
             drop(conn);
             cache::remember_existing(idem, cache_policy, scope, key, &existing).await;
-            return match existing.status {
-                Status::Success => codec
-                    .decode(existing.result)
-                    .map(Outcome::Duplicate)
-                    .map_err(|source| Error::StoredResult { key, source }),
-                Status::Parked => Err(Error::Parked {
-                    key,
-                    attempts: existing.attempts,
-                    last_error: existing.last_error.unwrap_or_default(),
-                }),
-                Status::Processing | Status::Failed => Err(Error::InProgress { key }),
-            };
+            return transactional::decide(key, existing, &codec);
         }
     };
     // Not held while the body runs: the effect may take long.

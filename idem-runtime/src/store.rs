@@ -113,6 +113,13 @@ pub(crate) enum LeaseClaim {
     Existing(Existing),
 }
 
+/// The attempts and whether the key is now parked, from a statement recording a failure.
+fn failure_recorded(row: &PgRow) -> Result<(u32, bool), sqlx::Error> {
+    let attempts = u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0);
+    let parked = row.try_get::<&str, _>("status")? == "parked";
+    Ok((attempts, parked))
+}
+
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes
@@ -343,12 +350,7 @@ impl Statements {
             .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
             .fetch_optional(conn)
             .await?;
-        row.map(|row| {
-            let attempts = u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0);
-            let parked = row.try_get::<&str, _>("status")? == "parked";
-            Ok((attempts, parked))
-        })
-        .transpose()
+        row.as_ref().map(failure_recorded).transpose()
     }
 
     pub async fn record(
@@ -496,11 +498,6 @@ impl Statements {
             .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
             .fetch_optional(conn)
             .await?;
-        row.map(|row| {
-            let attempts = u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0);
-            let parked = row.try_get::<&str, _>("status")? == "parked";
-            Ok((attempts, parked))
-        })
-        .transpose()
+        row.as_ref().map(failure_recorded).transpose()
     }
 }
