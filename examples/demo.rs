@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use idem_runtime::Idem;
-use idem_suite::kafka::consumer::{ConsumerConfig, OffsetStore, OrderConsumer, Stats};
+use idem_suite::kafka::consumer::{ConsumerConfig, OffsetStore, OrderConsumer, Snapshot, Stats};
 use idem_suite::kafka::producer::{self, MalformedKind, Plan, PlanConfig};
 use idem_suite::kafka::{self, DEFAULT_BROKERS, admin, verify};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -53,6 +53,10 @@ struct Args {
     /// Where consumers keep their offsets: `kafka` or `postgres`.
     #[arg(long, default_value_t = OffsetStore::Kafka)]
     offsets: OffsetStore,
+    /// Messages per transaction: 1 (each message on its own) or up to N together, with
+    /// one claim statement and one commit per batch.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    batch_size: u16,
     /// Publish everything before the consumers start (to time consumption alone).
     #[arg(long)]
     produce_first: bool,
@@ -117,6 +121,7 @@ async fn run(args: Args) -> Result<bool, DemoError> {
         malformed: args.malformed,
         seed: args.seed,
         order_prefix: format!("order-{run_id}"),
+        scatter_duplicates: false,
     });
     let total = plan.records.len() + plan.tail.len();
 
@@ -158,8 +163,10 @@ async fn run(args: Args) -> Result<bool, DemoError> {
     step(
         4,
         &format!(
-            "consuming with {} consumers in group `{group}` (offsets in {})",
-            args.consumers, args.offsets
+            "consuming with {} consumers in group `{group}` (offsets in {}, {})",
+            args.consumers,
+            args.offsets,
+            batching(args.batch_size)
         ),
     );
     let stats = Arc::new(Stats::default());
@@ -169,6 +176,7 @@ async fn run(args: Args) -> Result<bool, DemoError> {
         let mut config = ConsumerConfig::new(&args.brokers, &group, &topic);
         config.client_id = format!("demo-consumer-{member}");
         config.offsets = args.offsets;
+        config.batch_size = usize::from(args.batch_size);
         let consumer = OrderConsumer::new(idem.clone(), config, stats.clone())?;
         let mut stopped = stopped.clone();
         consumers.push(tokio::spawn(consumer.run(async move {
@@ -179,7 +187,8 @@ async fn run(args: Args) -> Result<bool, DemoError> {
     let consume_started = Instant::now();
     let mut last_line = Instant::now();
     // The rate between 10% and 90% of the records: without the group's start-up (members
-    // joining one after the other) and the tail.
+    // joining one after the other) and the tail. Counted when processed (applied, skipped
+    // or dead-lettered), not when received: a batch is received all at once.
     let mut steady: [Option<(Instant, u64)>; 2] = [None, None];
     let mut interrupted = false;
     let shutdown = kafka::shutdown_signal();
@@ -191,19 +200,19 @@ async fn run(args: Args) -> Result<bool, DemoError> {
         let caught_up = produced
             .as_ref()
             .is_some_and(|report| stats.caught_up(&topic, &report.end_offsets));
-        let delivered = stats.snapshot().deliveries;
-        if steady[0].is_none() && delivered * 10 >= total as u64 {
-            steady[0] = Some((Instant::now(), delivered));
+        let processed = processed(&stats.snapshot());
+        if steady[0].is_none() && processed * 10 >= total as u64 {
+            steady[0] = Some((Instant::now(), processed));
         }
-        if steady[1].is_none() && delivered * 10 >= total as u64 * 9 {
-            steady[1] = Some((Instant::now(), delivered));
+        if steady[1].is_none() && processed * 10 >= total as u64 * 9 {
+            steady[1] = Some((Instant::now(), processed));
         }
         if caught_up || last_line.elapsed() >= Duration::from_secs(1) {
             let now = stats.snapshot();
-            let rate = now.deliveries as f64 / consume_started.elapsed().as_secs_f64().max(0.001);
+            let rate = processed as f64 / consume_started.elapsed().as_secs_f64().max(0.001);
             println!(
-                "      consumed {:>6}/{total} deliveries | applied {:>6} | duplicates skipped {:>5} | dead letters {:>3} | {:>5.0}/s",
-                now.deliveries, now.executed, now.duplicates, now.dead_letters, rate
+                "      consumed {processed:>6}/{total} deliveries | applied {:>6} | duplicates skipped {:>5} | dead letters {:>3} | {:>5.0}/s",
+                now.executed, now.duplicates, now.dead_letters, rate
             );
             last_line = Instant::now();
         }
@@ -253,8 +262,11 @@ async fn run(args: Args) -> Result<bool, DemoError> {
     };
     println!();
     println!(
-        "idem demo summary ({} consumers, {} partitions, offsets in {})",
-        args.consumers, args.partitions, args.offsets
+        "idem demo summary ({} consumers, {} partitions, offsets in {}, {})",
+        args.consumers,
+        args.partitions,
+        args.offsets,
+        batching(args.batch_size)
     );
     println!("  events produced (business facts)  {:>7}", produced.events);
     println!(
@@ -281,6 +293,13 @@ async fn run(args: Args) -> Result<bool, DemoError> {
         "  duplicates skipped                {:>7}",
         snapshot.duplicates
     );
+    if args.batch_size > 1 {
+        println!(
+            "  batch rounds                      {:>7}   ({:.0} deliveries per round)",
+            snapshot.batches,
+            snapshot.deliveries as f64 / snapshot.batches.max(1) as f64
+        );
+    }
     println!(
         "  dead letters                      {:>7}   ({})",
         dead_letters.len(),
@@ -320,6 +339,19 @@ async fn run(args: Args) -> Result<bool, DemoError> {
         args.database
     );
     Ok(ok)
+}
+
+/// Deliveries done with: applied, skipped as duplicates, or dead-lettered.
+fn processed(snapshot: &Snapshot) -> u64 {
+    snapshot.executed + snapshot.duplicates + snapshot.skipped + snapshot.dead_letters
+}
+
+fn batching(batch_size: u16) -> String {
+    if batch_size <= 1 {
+        "one message per transaction".to_owned()
+    } else {
+        format!("batches of up to {batch_size}")
+    }
 }
 
 fn step(number: u32, text: &str) {

@@ -6,6 +6,7 @@
 //! ```text
 //! cargo run --example order_consumer -- --topic orders --group order-appliers
 //! cargo run --example order_consumer -- --topic orders --group order-appliers --offsets postgres
+//! cargo run --example order_consumer -- --topic orders --group order-appliers --batch-size 500
 //! ```
 
 use std::sync::Arc;
@@ -42,6 +43,16 @@ struct Args {
     /// `postgres` (written by the handler's transaction itself).
     #[arg(long, default_value_t = OffsetStore::Kafka)]
     offsets: OffsetStore,
+    /// Messages per transaction: 1 applies each message in its own transaction; N > 1
+    /// takes up to N messages (what arrives within 20 ms) and applies them with one
+    /// claim statement and one commit (`apply_order_event_batch`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    batch_size: u16,
+    /// A static group membership id (`group.instance.id`; with `--members`, suffixed by the
+    /// member's number): a restarted process with the same id takes its predecessor's
+    /// place and partitions in the group, without waiting for the broker to expire it.
+    #[arg(long)]
+    instance_id: Option<String>,
     /// Consumers to run in this process (each its own group member).
     #[arg(long, default_value_t = 1)]
     members: usize,
@@ -71,6 +82,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut config = ConsumerConfig::new(&args.brokers, &args.group, &args.topic);
         config.client_id = format!("{}-{}-{member}", args.group, std::process::id());
         config.offsets = args.offsets;
+        config.batch_size = usize::from(args.batch_size);
+        if let Some(instance) = &args.instance_id {
+            let instance = if args.members > 1 {
+                format!("{instance}-{member}")
+            } else {
+                instance.clone()
+            };
+            config
+                .extra
+                .push(("group.instance.id".to_owned(), instance));
+        }
         let consumer = OrderConsumer::new(idem.clone(), config, stats.clone())?;
         let mut stopped = stopped.clone();
         members.push(tokio::spawn(consumer.run(async move {
@@ -88,13 +110,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let now = stats.snapshot();
                 tracing::info!(
                     deliveries = now.deliveries, applied = now.executed, duplicates = now.duplicates,
-                    dead_letters = now.dead_letters, retries = now.retries, "progress"
+                    dead_letters = now.dead_letters, retries = now.retries, batches = now.batches, "progress"
                 );
             }
         }
     }
     tracing::info!(
-        "shutting down: finishing the current message, committing offsets, leaving the group"
+        "shutting down: finishing the current message (or batch), committing offsets, leaving the group"
     );
     stop.send(true).ok();
     for member in members {

@@ -39,6 +39,10 @@ struct Args {
     /// Prefix of the order ids.
     #[arg(long, default_value = "order")]
     order_prefix: String,
+    /// Send duplicates with another Kafka key than their original, so that they land on
+    /// other partitions and two consumers may hold the same fact at once.
+    #[arg(long)]
+    scatter_duplicates: bool,
 }
 
 #[tokio::main]
@@ -53,6 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         malformed: args.malformed,
         seed: args.seed,
         order_prefix: args.order_prefix,
+        scatter_duplicates: args.scatter_duplicates,
     });
     if let Some(first) = plan.events.first() {
         println!("a record: {}", serde_json::to_string(first)?);

@@ -6,6 +6,7 @@
 # exactly once.
 #
 #   scripts/demo.sh [demo options]      e.g. --events 20000 --consumers 4 --offsets postgres
+#   scripts/demo.sh --batch-size 500    up to 500 messages per transaction (the batch path)
 #   scripts/demo.sh --help              all options
 #
 # The services keep running afterwards (the next run reuses them);

@@ -24,6 +24,7 @@ async fn a_database_outage_pauses_consumption_and_skips_nothing(pool: PgPool) {
         malformed: 0,
         seed: 5,
         order_prefix: format!("order-{}", harness.id),
+        scatter_duplicates: false,
     });
     let produced = harness.produce(&plan).await.unwrap();
     let member = harness.consumer("c0", OffsetStore::Kafka);

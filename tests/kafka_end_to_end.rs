@@ -1,182 +1,23 @@
 //! Through a real Kafka-API broker, with duplicate sends, malformed messages and one of
 //! three consumers killed mid-stream, every business fact is applied to PostgreSQL exactly
-//! once, nothing is lost, and the dead letters are exactly the malformed messages.
+//! once, nothing is lost, and the dead letters are exactly the malformed messages
+//! (one message per transaction).
 //!
 //! Needs the `tansu` broker (`cargo install tansu --version 0.6.0 --locked --features
 //! libsql`, or `scripts/services.sh kafka`) or a broker in `KAFKA_BROKERS`.
 
 mod kafka_support;
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use idem_suite::kafka::consumer::{self, OffsetStore, Stats};
-use idem_suite::kafka::producer::{MalformedKind, Plan, PlanConfig, RecordKind};
-use idem_suite::kafka::verify;
-use kafka_support::{Harness, total, wait_until};
+use idem_suite::kafka::consumer::OffsetStore;
+use kafka_support::end_to_end::every_fact_applied_once_despite_a_killed_consumer;
 use sqlx::PgPool;
-
-const EVENTS: usize = 10_000;
-const DUPLICATE_RATE: f64 = 0.3;
-const MALFORMED: usize = 12;
-const CONSUMERS: usize = 3;
-const PARTITIONS: i32 = 6;
 
 #[sqlx::test(migrations = false)]
 async fn offsets_in_kafka_every_fact_applied_once_despite_a_killed_consumer(pool: PgPool) {
-    every_fact_applied_once_despite_a_killed_consumer(pool, OffsetStore::Kafka).await;
+    every_fact_applied_once_despite_a_killed_consumer(pool, OffsetStore::Kafka, 1).await;
 }
 
 #[sqlx::test(migrations = false)]
 async fn offsets_in_postgres_every_fact_applied_once_despite_a_killed_consumer(pool: PgPool) {
-    every_fact_applied_once_despite_a_killed_consumer(pool, OffsetStore::Postgres).await;
-}
-
-async fn every_fact_applied_once_despite_a_killed_consumer(pool: PgPool, offsets: OffsetStore) {
-    let started = Instant::now();
-    let harness = Harness::new(&pool, &offsets.to_string(), PARTITIONS).await;
-    let plan = Plan::new(&PlanConfig {
-        events: EVENTS,
-        duplicate_rate: DUPLICATE_RATE,
-        malformed: MALFORMED,
-        seed: 11,
-        order_prefix: format!("order-{}", harness.id),
-    });
-    let records = plan.all().count();
-    let duplicates = plan.count(|kind| kind == RecordKind::Duplicate);
-    assert!(
-        duplicates * 5 >= records,
-        "at least 20% of the deliveries are duplicates"
-    );
-
-    let mut members: Vec<_> = (0..CONSUMERS)
-        .map(|n| harness.consumer(&format!("c{n}"), offsets))
-        .collect();
-    let producing = harness.produce(&plan);
-
-    // Mid-stream, kill the busiest consumer: it commits nothing more, and the messages it
-    // processed since its last commit go to the others again.
-    let all_stats: Vec<Arc<Stats>> = members.iter().map(|member| member.stats.clone()).collect();
-    wait_until(
-        Duration::from_secs(90),
-        || total(&all_stats.iter().collect::<Vec<_>>()).deliveries >= records as u64 / 3,
-        || {
-            format!(
-                "a third of the records consumed: {:?}",
-                total(&all_stats.iter().collect::<Vec<_>>())
-            )
-        },
-    )
-    .await;
-    let busiest = (0..members.len())
-        .max_by_key(|&n| members[n].stats.snapshot().deliveries)
-        .unwrap();
-    let victim = members.remove(busiest);
-    let killed_after = victim.stats.snapshot();
-    victim.kill.kill();
-    victim.task.abort();
-    assert!(victim.task.await.unwrap_err().is_cancelled());
-    assert!(
-        killed_after.deliveries > 0,
-        "the killed consumer was consuming"
-    );
-
-    let produced = producing.await.unwrap();
-    assert_eq!(produced.records, records);
-    assert_eq!(produced.malformed.len(), MALFORMED);
-    wait_until(
-        Duration::from_secs(150),
-        || {
-            consumer::caught_up(
-                all_stats.iter().map(Arc::as_ref),
-                &harness.topic,
-                &produced.end_offsets,
-            )
-        },
-        || {
-            format!(
-                "every partition consumed to its end {:?}; positions {:?}",
-                produced.end_offsets,
-                all_stats
-                    .iter()
-                    .map(|stats| stats.positions())
-                    .collect::<Vec<_>>()
-            )
-        },
-    )
-    .await;
-    harness.stop(members).await;
-    let counted = total(&all_stats.iter().collect::<Vec<_>>());
-
-    // Every fact exactly once: effect rows, order totals.
-    let verification = verify::verify(&harness.pool, &plan.events).await.unwrap();
-    assert!(verification.exactly_once(), "{verification}");
-    assert_eq!(verification.facts, EVENTS as i64);
-
-    // The status table: one success per fact, one parked key per refused event.
-    let parked_injected = produced
-        .malformed
-        .iter()
-        .filter(|m| m.kind == MalformedKind::Parked)
-        .count();
-    let statuses: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT status, count(*) FROM idem.idem_keys GROUP BY status ORDER BY status",
-    )
-    .fetch_all(&harness.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        statuses,
-        vec![
-            ("parked".to_owned(), parked_injected as i64),
-            ("success".to_owned(), EVENTS as i64)
-        ]
-    );
-
-    // The dead letters: exactly the injected messages, with their bytes and coordinates.
-    let dead: BTreeSet<(i32, i64, String, Vec<u8>)> =
-        verify::dead_letters(&harness.pool, &harness.group)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|dead| {
-                (
-                    dead.kafka_partition,
-                    dead.kafka_offset,
-                    dead.reason,
-                    dead.payload.unwrap_or_default(),
-                )
-            })
-            .collect();
-    let injected: BTreeSet<(i32, i64, String, Vec<u8>)> = produced
-        .malformed
-        .iter()
-        .map(|m| {
-            (
-                m.partition,
-                m.offset,
-                m.kind.reason().as_str().to_owned(),
-                m.payload.clone(),
-            )
-        })
-        .collect();
-    assert_eq!(dead, injected);
-
-    // Every record was received at least once.
-    assert!(counted.deliveries >= records as u64, "{counted:?}");
-    eprintln!(
-        "offsets in {offsets}: {records} records ({duplicates} duplicate sends, {MALFORMED} malformed), \
-         {} deliveries ({} redelivered after the kill), {} applied, {} duplicates skipped, \
-         {} dead-lettered, {} retries; killed consumer had {} deliveries; {:.1} s",
-        counted.deliveries,
-        counted.deliveries - records as u64,
-        counted.executed,
-        counted.duplicates,
-        counted.dead_letters,
-        counted.retries,
-        killed_after.deliveries,
-        started.elapsed().as_secs_f64()
-    );
-    harness.finish().await;
+    every_fact_applied_once_despite_a_killed_consumer(pool, OffsetStore::Postgres, 1).await;
 }

@@ -1,27 +1,42 @@
-//! A consumer-group member that applies order events to PostgreSQL.
+//! A consumer-group member that hands every message to a [`MessageHandler`]: the order
+//! events' `#[idempotent]` handlers ([`OrderConsumer`]), or the lease-mode notification
+//! step ([`notifications`](super::notifications)).
 //!
 //! Per message, in partition order:
 //!
-//! 1. decode the JSON payload into an [`OrderEvent`];
-//! 2. apply it through the `#[idempotent]` handler: the business effects and the key's
+//! 1. decode the payload (JSON, with serde);
+//! 2. hand it to the handler: for the order events, the business effects and the key's
 //!    `success` commit in one transaction, or the key was already applied (a duplicate);
 //! 3. only then mark the message's offset as processed. Processed offsets are committed
 //!    to Kafka every [`ConsumerConfig::commit_interval`], when partitions are revoked
 //!    (rebalance) and at shutdown.
 //!
-//! A message that can never be applied (undecodable, no key, a key first applied with
+//! A message that can never be handled (undecodable, no key, a key first applied with
 //! another payload, a parked key) is written to the dead-letter table with its raw bytes,
 //! the error and its coordinates, and the consumer moves on. A failure that can pass (the
 //! database is down, the key is being processed elsewhere, a handler error that is not
-//! final yet) is retried on the same message with a growing back-off: consumption of the
-//! partition pauses, nothing is skipped, and the offset is not committed meanwhile.
+//! final yet) is retried on the same message with a growing back-off: consumption pauses,
+//! nothing is skipped, and the offset is not committed meanwhile.
 //!
 //! With [`OffsetStore::Postgres`], the partition's next offset is written by the handler's
-//! transaction itself ([`apply_order_event_at`]) and read back on partition assignment,
-//! see [`offsets`].
+//! transaction itself (for the order events, [`apply_order_event_at`]) and read back on
+//! partition assignment, see [`offsets`].
 //!
-//! The consumer handles one message at a time ([`OrderConsumer::apply`]); that is where a
-//! batch path (several deliveries in one transaction) plugs in.
+//! # The batch path
+//!
+//! With [`ConsumerConfig::batch_size`] above 1, the consumer takes up to that many
+//! messages (what arrives within [`ConsumerConfig::batch_linger`] of the first) and hands
+//! them to [`MessageHandler::apply_batch`]: for the order events, one transaction claims
+//! all keys, runs the new ones and commits once ([`apply_order_event_batch`]). Each
+//! message's verdict is then routed as on the per-message path, in order, up to the first
+//! message that must be retried: the messages before it are processed (their offsets may
+//! be committed), and after the back-off that message is applied again on its own, then
+//! the rest of the batch together. Messages behind it that did run meanwhile are
+//! duplicates then, and count as applied.
+//! Undecodable messages are dead-lettered before the batch transaction.
+//!
+//! [`apply_order_event_at`]: super::handlers::apply_order_event_at
+//! [`apply_order_event_batch`]: super::handlers::apply_order_event_batch
 
 use std::collections::HashMap;
 use std::fmt;
@@ -43,10 +58,9 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 
 use super::dead_letter::{self, Reason};
-use super::handlers::{apply_order_event, apply_order_event_at};
+use super::handlers::OrderEvents;
 use super::offsets::{self, Position};
 use super::{Coordinates, Delivery};
-use crate::orders::OrderEvent;
 
 /// Where a consumer keeps the offsets it has processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,8 +71,8 @@ pub enum OffsetStore {
     #[default]
     Kafka,
     /// Written to PostgreSQL by the handler's transaction (and committed to Kafka as well,
-    /// for lag monitoring only). After a crash, at most the in-flight message and the
-    /// duplicates read since the last flush are delivered again.
+    /// for lag monitoring only). After a crash, at most the in-flight message (or batch)
+    /// and the duplicates read since the last flush are delivered again.
     Postgres,
 }
 
@@ -98,6 +112,11 @@ pub struct ConsumerConfig {
     pub client_id: String,
     /// Where processed offsets are kept.
     pub offsets: OffsetStore,
+    /// Messages handed to the handler together (default 1: one message, one transaction).
+    /// Above 1, [`MessageHandler::apply_batch`] gets up to this many.
+    pub batch_size: usize,
+    /// How long a batch waits for more messages after its first one (default 20 ms).
+    pub batch_linger: Duration,
     /// How often processed offsets are committed (default 1 s).
     pub commit_interval: Duration,
     /// The first wait before retrying a message that failed in a way that can pass
@@ -126,6 +145,8 @@ impl ConsumerConfig {
             group,
             topic: topic.into(),
             offsets: OffsetStore::Kafka,
+            batch_size: 1,
+            batch_linger: Duration::from_millis(20),
             commit_interval: Duration::from_secs(1),
             retry_backoff: Duration::from_millis(50),
             max_retry_backoff: Duration::from_secs(5),
@@ -150,14 +171,128 @@ pub enum ConsumerError {
     Close(#[from] tokio::task::JoinError),
 }
 
+/// What a handler made of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The handler ran and its effects are done.
+    Executed,
+    /// The message's key had already been handled: nothing ran.
+    Duplicate,
+    /// The message needs nothing from this handler (an event it does not act on).
+    Skipped,
+    /// Retrying cannot help: the consumer writes the message to the dead-letter table.
+    DeadLetter {
+        /// Why.
+        reason: Reason,
+        /// The error, with its sources.
+        error: String,
+    },
+    /// The failure can pass: the consumer handles the message again after a back-off,
+    /// without committing its offset.
+    Retry {
+        /// The error, with its sources.
+        error: String,
+        /// Whether another delivery holds the key ([`idem_runtime::Error::InProgress`]):
+        /// its transaction, or its lease in lease mode.
+        in_progress: bool,
+    },
+}
+
+impl Verdict {
+    /// The verdict on what an `#[idempotent]` handler returned: outcomes are executed or
+    /// duplicates, errors go by their [`Disposition`].
+    pub fn of<T, E>(outcome: Result<Outcome<T>, idem_runtime::Error<E>>) -> Self
+    where
+        E: std::error::Error + 'static,
+    {
+        match outcome {
+            Ok(Outcome::Executed(_)) => Verdict::Executed,
+            Ok(Outcome::Duplicate(_)) => Verdict::Duplicate,
+            Err(error) => match error.disposition() {
+                Disposition::DeadLetter => Verdict::DeadLetter {
+                    reason: Reason::of(&error),
+                    error: error_chain(&error),
+                },
+                Disposition::Retry => Verdict::Retry {
+                    in_progress: matches!(error, idem_runtime::Error::InProgress { .. }),
+                    error: error_chain(&error),
+                },
+            },
+        }
+    }
+}
+
+/// What a consumer does with the messages it receives: decode them, and hand them to an
+/// `#[idempotent]` handler. The consumer does the rest (offsets, dead letters, retries,
+/// rebalances, shutdown).
+pub trait MessageHandler: Send + Sync + 'static {
+    /// A decoded message.
+    type Message: Send + Sync + 'static;
+
+    /// Decodes a payload; `Err` (the reason) dead-letters the message as undecodable.
+    fn decode(&self, payload: &[u8]) -> Result<Self::Message, String>;
+
+    /// Handles one message. With offsets in PostgreSQL, `position` is the partition's
+    /// position after the message, for a handler that stores it in the transaction of
+    /// its effects (see [`stores_position`](Self::stores_position)).
+    fn apply(
+        &self,
+        idem: &Idem,
+        message: &Self::Message,
+        position: Option<&Position>,
+    ) -> impl Future<Output = Verdict> + Send;
+
+    /// Whether [`apply`](Self::apply) writes `position` in the transaction of its
+    /// effects when it executes. If not, the consumer records the position with its next
+    /// flush (every commit interval).
+    fn stores_position(&self) -> bool {
+        false
+    }
+
+    /// Handles several messages (the batch path); returns one verdict per message, in
+    /// order, or fewer: the messages without a verdict are handled again later. With
+    /// offsets in PostgreSQL, `positions` holds each message's position after it.
+    ///
+    /// Whatever the handler stores of `positions` must never pass a message that is not
+    /// done when its transaction commits: one to be dead-lettered after the batch, or one
+    /// to be retried (the positions of the order events' batch stop there, see
+    /// [`BatchOffsets`](super::offsets::BatchOffsets)).
+    ///
+    /// The default handles the messages one by one and stops after the first one to
+    /// retry; it stores no position (the consumer's flush does).
+    fn apply_batch(
+        &self,
+        idem: &Idem,
+        messages: &[Self::Message],
+        positions: Option<&[Position]>,
+    ) -> impl Future<Output = Vec<Verdict>> + Send {
+        let _ = positions;
+        async move {
+            let mut verdicts = Vec::with_capacity(messages.len());
+            for message in messages {
+                let verdict = self.apply(idem, message, None).await;
+                let retry = matches!(verdict, Verdict::Retry { .. });
+                verdicts.push(verdict);
+                if retry {
+                    break;
+                }
+            }
+            verdicts
+        }
+    }
+}
+
 /// Counters of one or several consumers (share one `Arc<Stats>` between them).
 #[derive(Debug, Default)]
 pub struct Stats {
     deliveries: AtomicU64,
     executed: AtomicU64,
     duplicates: AtomicU64,
+    skipped: AtomicU64,
     dead_letters: AtomicU64,
     retries: AtomicU64,
+    in_progress: AtomicU64,
+    batches: AtomicU64,
     positions: Mutex<HashMap<(String, i32), i64>>,
 }
 
@@ -166,14 +301,37 @@ pub struct Stats {
 pub struct Snapshot {
     /// Messages received from Kafka, redeliveries and duplicates included.
     pub deliveries: u64,
-    /// Deliveries whose handler ran and committed its effects.
+    /// Deliveries whose handler ran and completed its effects.
     pub executed: u64,
-    /// Deliveries of keys that had already been applied: skipped.
+    /// Deliveries of keys that had already been handled: skipped.
     pub duplicates: u64,
+    /// Deliveries the handler had nothing to do for (events it does not act on).
+    pub skipped: u64,
     /// Deliveries written to the dead-letter table.
     pub dead_letters: u64,
-    /// Retries of a message after a failure that can pass (database down, ...).
+    /// Retries of a message (or of the rest of a batch) after a failure that can pass
+    /// (database down, key in progress elsewhere, ...).
     pub retries: u64,
+    /// Those of the retries whose key was held by another delivery (`InProgress`).
+    pub in_progress: u64,
+    /// Transactions (or rounds of the handler) that took several messages together.
+    pub batches: u64,
+}
+
+impl Snapshot {
+    /// The counters of `self` and `other` added up.
+    pub fn plus(self, other: Snapshot) -> Snapshot {
+        Snapshot {
+            deliveries: self.deliveries + other.deliveries,
+            executed: self.executed + other.executed,
+            duplicates: self.duplicates + other.duplicates,
+            skipped: self.skipped + other.skipped,
+            dead_letters: self.dead_letters + other.dead_letters,
+            retries: self.retries + other.retries,
+            in_progress: self.in_progress + other.in_progress,
+            batches: self.batches + other.batches,
+        }
+    }
 }
 
 impl Stats {
@@ -183,8 +341,11 @@ impl Stats {
             deliveries: self.deliveries.load(Ordering::Relaxed),
             executed: self.executed.load(Ordering::Relaxed),
             duplicates: self.duplicates.load(Ordering::Relaxed),
+            skipped: self.skipped.load(Ordering::Relaxed),
             dead_letters: self.dead_letters.load(Ordering::Relaxed),
             retries: self.retries.load(Ordering::Relaxed),
+            in_progress: self.in_progress.load(Ordering::Relaxed),
+            batches: self.batches.load(Ordering::Relaxed),
         }
     }
 
@@ -203,6 +364,7 @@ impl Stats {
         let counter = match applied {
             Applied::Executed => &self.executed,
             Applied::Duplicate => &self.duplicates,
+            Applied::Skipped => &self.skipped,
             Applied::DeadLettered => &self.dead_letters,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -211,6 +373,13 @@ impl Stats {
             .entry((at.topic.clone(), at.partition))
             .or_insert(0);
         *next = (*next).max(at.offset + 1);
+    }
+
+    fn retried(&self, retry: &RetryLater) {
+        self.retries.fetch_add(1, Ordering::Relaxed);
+        if retry.in_progress {
+            self.in_progress.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -238,12 +407,33 @@ pub fn caught_up<'a>(
 /// What happened to one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
-    /// The handler ran and its effects committed.
+    /// The handler ran and its effects are done.
     Executed,
-    /// The key had already been applied: nothing ran.
+    /// The key had already been handled: nothing ran.
     Duplicate,
+    /// The handler had nothing to do for it.
+    Skipped,
     /// The message went to the dead-letter table.
     DeadLettered,
+}
+
+/// Why a message is handled again later: the error, and whether its key was held by
+/// another delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryLater {
+    /// The error, with its sources.
+    pub error: String,
+    /// Whether the key was held by another delivery ([`idem_runtime::Error::InProgress`]).
+    pub in_progress: bool,
+}
+
+impl RetryLater {
+    fn database(what: &str, error: &sqlx::Error) -> Self {
+        RetryLater {
+            error: format!("{what}: {}", error_chain(error)),
+            in_progress: false,
+        }
+    }
 }
 
 /// Stops a consumer the way a crash would: from the moment it is pulled, the consumer
@@ -253,31 +443,42 @@ pub enum Applied {
 pub struct KillSwitch(Arc<AtomicBool>);
 
 impl KillSwitch {
-    /// Pulls the switch. Then abort (or drop) the task running [`OrderConsumer::run`].
+    /// Pulls the switch. Then abort (or drop) the task running [`GroupConsumer::run`].
     pub fn kill(&self) {
         self.0.store(true, Ordering::SeqCst);
     }
 }
 
-/// A member of a consumer group applying order events through `#[idempotent]` handlers.
-pub struct OrderConsumer {
+/// A member of a consumer group handing every message to a [`MessageHandler`].
+pub struct GroupConsumer<H> {
     consumer: StreamConsumer<GroupContext>,
     idem: Idem,
     config: ConsumerConfig,
     stats: Arc<Stats>,
+    handler: H,
 }
 
-impl fmt::Debug for OrderConsumer {
+/// A member of a consumer group applying order events through `#[idempotent]` handlers.
+pub type OrderConsumer = GroupConsumer<OrderEvents>;
+
+impl<H> fmt::Debug for GroupConsumer<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OrderConsumer")
+        f.debug_struct("GroupConsumer")
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
 }
 
+/// A delivery waiting to be processed, and whether an earlier round ran its handler (a
+/// batch applied again from an earlier message that had to be retried).
+struct Pending {
+    delivery: Delivery,
+    executed: bool,
+}
+
 impl OrderConsumer {
-    /// Creates the consumer and subscribes it to the topic. Messages flow once
-    /// [`OrderConsumer::run`] polls it.
+    /// A consumer of order events ([`OrderEvents`]), subscribed to the topic. Messages
+    /// flow once [`GroupConsumer::run`] polls it.
     ///
     /// The business, offset and dead-letter tables must exist
     /// ([`create_tables`](super::create_tables)), as must idem's status table
@@ -286,6 +487,22 @@ impl OrderConsumer {
         idem: Idem,
         config: ConsumerConfig,
         stats: Arc<Stats>,
+    ) -> Result<Self, ConsumerError> {
+        GroupConsumer::with_handler(idem, config, stats, OrderEvents)
+    }
+}
+
+impl<H: MessageHandler> GroupConsumer<H> {
+    /// Creates the consumer and subscribes it to the topic. Messages flow once
+    /// [`GroupConsumer::run`] polls it.
+    ///
+    /// The offset and dead-letter tables must exist ([`create_tables`](super::create_tables)),
+    /// as must idem's status table ([`Idem::migrate`]) and what `handler` writes.
+    pub fn with_handler(
+        idem: Idem,
+        config: ConsumerConfig,
+        stats: Arc<Stats>,
+        handler: H,
     ) -> Result<Self, ConsumerError> {
         let context = GroupContext {
             group: config.group.clone(),
@@ -316,11 +533,12 @@ impl OrderConsumer {
         }
         let consumer: StreamConsumer<GroupContext> = client.create_with_context(context)?;
         consumer.subscribe(&[&config.topic])?;
-        Ok(OrderConsumer {
+        Ok(GroupConsumer {
             consumer,
             idem,
             config,
             stats,
+            handler,
         })
     }
 
@@ -335,9 +553,12 @@ impl OrderConsumer {
         let mut shutdown = pin!(shutdown);
         let mut tick = tokio::time::interval(self.config.commit_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tracing::info!(group = %self.config.group, topic = %self.config.topic, offsets = %self.config.offsets, "consumer started");
+        tracing::info!(
+            group = %self.config.group, topic = %self.config.topic, offsets = %self.config.offsets,
+            batch_size = self.config.batch_size, "consumer started"
+        );
         loop {
-            let delivery = tokio::select! {
+            let first = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
                 _ = tick.tick() => {
@@ -353,98 +574,242 @@ impl OrderConsumer {
                     }
                 },
             };
-            self.stats.deliveries.fetch_add(1, Ordering::Relaxed);
-            let Some(applied) = self.process(&delivery, shutdown.as_mut()).await else {
+            let deliveries = self.fill_batch(first).await;
+            self.stats
+                .deliveries
+                .fetch_add(deliveries.len() as u64, Ordering::Relaxed);
+            if !self.process(deliveries, shutdown.as_mut()).await {
                 break;
-            };
-            let stored_in_tx =
-                self.config.offsets == OffsetStore::Postgres && applied != Applied::Duplicate;
-            self.consumer
-                .context()
-                .processed(&delivery.at, stored_in_tx);
-            self.stats.processed(&delivery.at, applied);
+            }
         }
         self.close().await
     }
 
-    /// Applies one delivery, retrying it while the failure can pass. `None` if `shutdown`
-    /// completed first: the message stays unprocessed and its offset uncommitted.
+    /// Adds to `first` what arrives within the batch linger, up to the batch size.
+    ///
+    /// Out of the `select!` of [`run`](Self::run): a message received here must not be
+    /// dropped with a cancelled future.
+    async fn fill_batch(&self, first: Delivery) -> Vec<Delivery> {
+        let mut deliveries = vec![first];
+        let deadline = tokio::time::Instant::now() + self.config.batch_linger;
+        while deliveries.len() < self.config.batch_size {
+            match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
+                Ok(Ok(message)) => deliveries.push(Delivery::from_message(&message)),
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "kafka reported an error; consuming on");
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        deliveries
+    }
+
+    /// Handles `deliveries`, retrying from the first one whose failure can pass. `false`
+    /// if `shutdown` completed first: the unprocessed messages keep their offsets
+    /// uncommitted.
     async fn process<F: Future<Output = ()>>(
         &self,
-        delivery: &Delivery,
+        deliveries: Vec<Delivery>,
         mut shutdown: Pin<&mut F>,
-    ) -> Option<Applied> {
+    ) -> bool {
+        let mut pending: Vec<Pending> = deliveries
+            .into_iter()
+            .map(|delivery| Pending {
+                delivery,
+                executed: false,
+            })
+            .collect();
         let mut backoff = self.config.retry_backoff;
         let mut attempt = 0u32;
         loop {
-            match self.apply(delivery).await {
-                Ok(applied) => return Some(applied),
-                Err(error) => {
-                    attempt += 1;
-                    self.stats.retries.fetch_add(1, Ordering::Relaxed);
-                    let at = &delivery.at;
-                    tracing::warn!(
-                        topic = %at.topic, partition = at.partition, offset = at.offset, attempt,
-                        retry_in = ?backoff, %error,
-                        "message not applied yet; retrying it (its offset stays uncommitted)"
-                    );
-                    tokio::select! {
-                        () = tokio::time::sleep(backoff) => {}
-                        () = &mut shutdown => return None,
-                    }
-                    backoff = (backoff * 2).min(self.config.max_retry_backoff);
+            let (applied, retry) = if self.config.batch_size <= 1 && pending.len() == 1 {
+                match self.apply(&pending[0].delivery).await {
+                    Ok(applied) => (vec![applied], None),
+                    Err(retry) => (Vec::new(), Some(retry)),
                 }
+            } else {
+                // A retry takes the failing message on its own: if it fails again, the
+                // messages behind it are not rolled back and redone one by one with it.
+                let round = if attempt > 0 { 1 } else { pending.len() };
+                self.stats.batches.fetch_add(1, Ordering::Relaxed);
+                self.apply_round(&mut pending[..round]).await
+            };
+            let done = applied.len();
+            for (item, applied) in pending.drain(..done).zip(applied) {
+                let stored_in_tx = self.config.offsets == OffsetStore::Postgres
+                    && self.config.batch_size <= 1
+                    && match applied {
+                        Applied::DeadLettered => true,
+                        Applied::Executed => self.handler.stores_position(),
+                        Applied::Duplicate | Applied::Skipped => false,
+                    };
+                self.consumer
+                    .context()
+                    .processed(&item.delivery.at, stored_in_tx);
+                self.stats.processed(&item.delivery.at, applied);
             }
+            let Some(retry) = retry else {
+                if pending.is_empty() {
+                    return true;
+                }
+                // The retried message is done: the rest of the batch, together again.
+                backoff = self.config.retry_backoff;
+                attempt = 0;
+                continue;
+            };
+            if done > 0 {
+                // A new message failed: its own back-off, and commit what is done.
+                backoff = self.config.retry_backoff;
+                attempt = 0;
+                self.save_progress().await;
+            }
+            attempt += 1;
+            self.stats.retried(&retry);
+            let at = &pending[0].delivery.at;
+            tracing::warn!(
+                topic = %at.topic, partition = at.partition, offset = at.offset, attempt,
+                waiting = pending.len(), retry_in = ?backoff, error = %retry.error,
+                in_progress = retry.in_progress,
+                "message not applied yet; retrying it (its offset stays uncommitted)"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = &mut shutdown => return false,
+            }
+            backoff = (backoff * 2).min(self.config.max_retry_backoff);
         }
     }
 
-    /// Applies one delivery once: `Ok` when it is done with (applied, duplicate or
-    /// dead-lettered), `Err` with the error text when it must be retried.
-    pub async fn apply(&self, delivery: &Delivery) -> Result<Applied, String> {
-        let Some(payload) = delivery.payload.as_deref() else {
-            return self
-                .dead_letter(delivery, Reason::Undecodable, "the message has no payload")
-                .await;
-        };
-        let event: OrderEvent = match serde_json::from_slice(payload) {
-            Ok(event) => event,
+    /// Handles one delivery once (the per-message path): `Ok` when it is done with
+    /// (applied, duplicate, skipped or dead-lettered), `Err` when it must be retried.
+    pub async fn apply(&self, delivery: &Delivery) -> Result<Applied, RetryLater> {
+        let message = match self.decode(delivery) {
+            Ok(message) => message,
             Err(error) => {
-                let text = format!("the payload is not an order event: {error}");
-                return self.dead_letter(delivery, Reason::Undecodable, &text).await;
+                return self
+                    .dead_letter(delivery, Reason::Undecodable, &error, true)
+                    .await;
             }
         };
-        let outcome = match self.config.offsets {
-            OffsetStore::Kafka => apply_order_event(&self.idem, &event).await,
-            OffsetStore::Postgres => {
-                apply_order_event_at(&self.idem, &event, &self.position(&delivery.at)).await
-            }
-        };
-        match outcome {
-            Ok(Outcome::Executed(())) => Ok(Applied::Executed),
-            Ok(Outcome::Duplicate(_)) => Ok(Applied::Duplicate),
-            Err(error) => match error.disposition() {
-                Disposition::DeadLetter => {
-                    self.dead_letter(delivery, Reason::of(&error), &error_chain(&error))
-                        .await
+        let position =
+            (self.config.offsets == OffsetStore::Postgres).then(|| self.position(&delivery.at));
+        let verdict = self
+            .handler
+            .apply(&self.idem, &message, position.as_ref())
+            .await;
+        self.route(delivery, verdict, false).await
+    }
+
+    /// One round of the batch path over `pending`: the applied verdicts of the messages
+    /// done with, in order, up to the first one to retry (and why).
+    async fn apply_round(&self, pending: &mut [Pending]) -> (Vec<Applied>, Option<RetryLater>) {
+        // Undecodable messages first, in their own transactions, without positions: the
+        // batch transaction may then store positions past them.
+        let mut decoded = Vec::with_capacity(pending.len());
+        let mut slots = Vec::with_capacity(pending.len());
+        for item in pending.iter() {
+            match self.decode(&item.delivery) {
+                Ok(message) => {
+                    slots.push(Some(decoded.len()));
+                    decoded.push(message);
                 }
-                Disposition::Retry => Err(error_chain(&error)),
-            },
+                Err(error) => {
+                    if let Err(retry) = self
+                        .dead_letter(&item.delivery, Reason::Undecodable, &error, false)
+                        .await
+                    {
+                        return (Vec::new(), Some(retry));
+                    }
+                    slots.push(None);
+                }
+            }
+        }
+        let verdicts = if decoded.is_empty() {
+            Vec::new()
+        } else {
+            let positions: Option<Vec<Position>> = (self.config.offsets == OffsetStore::Postgres)
+                .then(|| {
+                    pending
+                        .iter()
+                        .zip(&slots)
+                        .filter(|(_, slot)| slot.is_some())
+                        .map(|(item, _)| self.position(&item.delivery.at))
+                        .collect()
+                });
+            self.handler
+                .apply_batch(&self.idem, &decoded, positions.as_deref())
+                .await
+        };
+        for (item, slot) in pending.iter_mut().zip(&slots) {
+            if let Some(verdict) = slot.and_then(|index| verdicts.get(index)) {
+                item.executed |= *verdict == Verdict::Executed;
+            }
+        }
+        let mut applied = Vec::with_capacity(pending.len());
+        for (item, slot) in pending.iter().zip(slots) {
+            let Some(index) = slot else {
+                applied.push(Applied::DeadLettered);
+                continue;
+            };
+            let Some(verdict) = verdicts.get(index).cloned() else {
+                let retry = RetryLater {
+                    error: "not handled in this round".to_owned(),
+                    in_progress: false,
+                };
+                return (applied, Some(retry));
+            };
+            match self.route(&item.delivery, verdict, item.executed).await {
+                Ok(done) => applied.push(done),
+                Err(retry) => return (applied, Some(retry)),
+            }
+        }
+        (applied, None)
+    }
+
+    fn decode(&self, delivery: &Delivery) -> Result<H::Message, String> {
+        match delivery.payload.as_deref() {
+            None => Err("the message has no payload".to_owned()),
+            Some(payload) => self.handler.decode(payload),
         }
     }
 
-    /// Writes the delivery to the dead-letter table (with the position, in the Postgres
-    /// variant, in the same transaction).
+    /// Routes a verdict: dead letters are written (with the position, in the Postgres
+    /// variant, in the same transaction), retries are returned. `executed_before`: an
+    /// earlier round ran this message's handler, so a duplicate now is its own effect.
+    async fn route(
+        &self,
+        delivery: &Delivery,
+        verdict: Verdict,
+        executed_before: bool,
+    ) -> Result<Applied, RetryLater> {
+        match verdict {
+            Verdict::Executed => Ok(Applied::Executed),
+            Verdict::Duplicate if executed_before => Ok(Applied::Executed),
+            Verdict::Duplicate => Ok(Applied::Duplicate),
+            Verdict::Skipped => Ok(Applied::Skipped),
+            Verdict::DeadLetter { reason, error } => {
+                self.dead_letter(delivery, reason, &error, true).await
+            }
+            Verdict::Retry { error, in_progress } => Err(RetryLater { error, in_progress }),
+        }
+    }
+
+    /// Writes the delivery to the dead-letter table; in the Postgres variant and with
+    /// `store_position`, stores the position after it in the same transaction (only when
+    /// every earlier message of its partition is done).
     async fn dead_letter(
         &self,
         delivery: &Delivery,
         reason: Reason,
         error: &str,
-    ) -> Result<Applied, String> {
+        store_position: bool,
+    ) -> Result<Applied, RetryLater> {
         let written = async {
             let mut tx = self.idem.pool().begin().await?;
             let new =
                 dead_letter::insert(&mut tx, &self.config.group, delivery, reason, error).await?;
-            if self.config.offsets == OffsetStore::Postgres {
+            if store_position && self.config.offsets == OffsetStore::Postgres {
                 self.position(&delivery.at).store(&mut tx).await?;
             }
             tx.commit().await?;
@@ -460,10 +825,9 @@ impl OrderConsumer {
                 );
                 Ok(Applied::DeadLettered)
             }
-            Err(db) => Err(format!(
-                "dead-lettering the message failed ({}): {}",
-                reason.as_str(),
-                error_chain(&db)
+            Err(db) => Err(RetryLater::database(
+                &format!("dead-lettering the message failed ({})", reason.as_str()),
+                &db,
             )),
         }
     }
@@ -517,7 +881,7 @@ impl OrderConsumer {
     /// Saves the progress (synchronously) and leaves the group.
     async fn close(self) -> Result<(), ConsumerError> {
         let commit_too = self.store_progress().await;
-        let OrderConsumer {
+        let GroupConsumer {
             consumer, config, ..
         } = self;
         // Committing synchronously and leaving the group block: not on the runtime's threads.

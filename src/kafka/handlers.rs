@@ -1,13 +1,19 @@
 //! The order-event handlers: business writes in the transaction of the idempotency claim.
 //!
-//! Both handlers share one scope, so a consumer can switch between the two offset stores
-//! without re-applying anything: a key that succeeded under one is a duplicate under the
-//! other.
+//! The handlers share one scope, so a consumer can switch between the two offset stores,
+//! and between the per-message and the batch path, without re-applying anything: a key
+//! that succeeded under one is a duplicate under the others.
+//!
+//! [`OrderEvents`] is what the [`OrderConsumer`](super::consumer::OrderConsumer) does
+//! with each message: decode it, and call the handler that fits the offset store and the
+//! path.
 
-use idem_runtime::idempotent;
+use idem_runtime::key::KeyBuilder;
+use idem_runtime::{Idem, IdempotencyKey, KeyError, idempotent};
 use sqlx::PgConnection;
 
-use super::offsets::Position;
+use super::consumer::{MessageHandler, Verdict};
+use super::offsets::{BatchOffsets, Position};
 use crate::orders::{EventType, OrderEvent};
 
 /// The handlers' scope in the status table.
@@ -51,12 +57,16 @@ pub enum ApplyError {
 /// The key is the producer's stamp ([`producer::event_key`](super::producer::event_key)
 /// derives it from `order_id` and `event_type`); a message without one is refused with
 /// [`idem_runtime::Error::Key`]. The fingerprint catches a stamp reused for another fact.
+///
+/// `batch = true` also generates `apply_order_event_batch(&idem, &events)`: all keys
+/// claimed in one statement, one transaction and one commit for the batch.
 #[idempotent(
     key = "event_key",
     fingerprint = "order_id, event_type, amount_cents",
     scope = "apply_order_event",
     max_attempts = 3,
-    store_result = false
+    store_result = false,
+    batch = true
 )]
 pub async fn apply_order_event(
     tx: &mut PgConnection,
@@ -82,6 +92,101 @@ pub async fn apply_order_event_at(
     write_effects(tx, event).await?;
     position.store(tx).await?;
     Ok(())
+}
+
+/// The batch variant of [`apply_order_event_at`]: use the generated
+/// `apply_order_event_at_offsets_batch(&idem, &events, &offsets)`. The positions of the
+/// whole batch are stored once, by the first body of the batch transaction, up to the
+/// first message that is not done (see [`BatchOffsets`]).
+#[idempotent(
+    key = "event_key",
+    fingerprint = "order_id, event_type, amount_cents",
+    scope = "apply_order_event",
+    max_attempts = 3,
+    store_result = false,
+    batch = true
+)]
+pub async fn apply_order_event_at_offsets(
+    tx: &mut PgConnection,
+    event: &OrderEvent,
+    offsets: &BatchOffsets,
+) -> Result<(), ApplyError> {
+    let written = async {
+        write_effects(&mut *tx, event).await?;
+        offsets.store_once(&mut *tx).await?;
+        Ok(())
+    };
+    let result = written.await;
+    if result.is_err() {
+        // The transaction rolls back, positions included: the next one stores them.
+        offsets.forget();
+    }
+    result
+}
+
+/// The key and payload fingerprint that the handlers above derive from `event` (their
+/// `key` and `fingerprint` arguments), for [`BatchOffsets`].
+pub fn key_and_fingerprint(event: &OrderEvent) -> Result<(IdempotencyKey, [u8; 32]), KeyError> {
+    let key = KeyBuilder::new()
+        .part("event_key", &event.event_key)?
+        .finish();
+    let fingerprint = KeyBuilder::new()
+        .part("order_id", &event.order_id)?
+        .part("event_type", &event.event_type)?
+        .part("amount_cents", &event.amount_cents)?
+        .digest();
+    Ok((key, fingerprint))
+}
+
+/// The order consumer's handling of a message: a JSON [`OrderEvent`], applied by
+/// [`apply_order_event`] (offsets in Kafka) or [`apply_order_event_at`] (offsets in
+/// PostgreSQL), or by their batch variants on the batch path.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OrderEvents;
+
+impl MessageHandler for OrderEvents {
+    type Message = OrderEvent;
+
+    fn decode(&self, payload: &[u8]) -> Result<OrderEvent, String> {
+        decode_order_event(payload)
+    }
+
+    async fn apply(&self, idem: &Idem, event: &OrderEvent, position: Option<&Position>) -> Verdict {
+        Verdict::of(match position {
+            None => apply_order_event(idem, event).await,
+            Some(position) => apply_order_event_at(idem, event, position).await,
+        })
+    }
+
+    fn stores_position(&self) -> bool {
+        true
+    }
+
+    async fn apply_batch(
+        &self,
+        idem: &Idem,
+        events: &[OrderEvent],
+        positions: Option<&[Position]>,
+    ) -> Vec<Verdict> {
+        let outcomes = match positions {
+            None => apply_order_event_batch(idem, events).await,
+            Some(positions) => {
+                let group = positions.first().map_or("", |position| &position.group);
+                let mut offsets = BatchOffsets::new(idem, SCOPE, group);
+                for (event, position) in events.iter().zip(positions) {
+                    offsets.push(position, key_and_fingerprint(event).ok());
+                }
+                apply_order_event_at_offsets_batch(idem, events, &offsets).await
+            }
+        };
+        outcomes.into_iter().map(Verdict::of).collect()
+    }
+}
+
+/// Decodes a JSON order event.
+pub fn decode_order_event(payload: &[u8]) -> Result<OrderEvent, String> {
+    serde_json::from_slice(payload)
+        .map_err(|error| format!("the payload is not an order event: {error}"))
 }
 
 /// The business writes, in one statement (one round trip).

@@ -4,9 +4,12 @@
 //!
 //! - [`handlers`]: the business handlers (`#[idempotent(key = "event_key", ...)]`) and the
 //!   tables they write;
-//! - [`consumer`]: a consumer-group member that applies every message through a handler,
-//!   commits offsets only after the handler's transaction committed, dead-letters what can
-//!   never succeed and waits out database outages without skipping a message;
+//! - [`consumer`]: a consumer-group member that hands every message (or batch of messages)
+//!   to a handler, commits offsets only after the handler's transaction committed,
+//!   dead-letters what can never succeed and waits out database outages without skipping
+//!   a message;
+//! - [`notifications`]: the side-effect consumer's handler, in lease mode, and the
+//!   stand-in external notification service it calls;
 //! - [`offsets`]: the stronger variant that stores offsets in PostgreSQL, in the same
 //!   transaction as the effects;
 //! - [`dead_letter`]: the dead-letter table;
@@ -21,6 +24,7 @@ pub mod broker;
 pub mod consumer;
 pub mod dead_letter;
 pub mod handlers;
+pub mod notifications;
 pub mod offsets;
 pub mod producer;
 pub mod verify;

@@ -42,6 +42,10 @@ pub struct PlanConfig {
     pub seed: u64,
     /// The prefix of the order ids, to keep the facts of several runs apart.
     pub order_prefix: String,
+    /// Send duplicates with another Kafka key than their original (as a second upstream
+    /// system, or a replay tool, would), so that they land on other partitions and two
+    /// consumers may hold the same fact at once. Default: the same key, the same partition.
+    pub scatter_duplicates: bool,
 }
 
 impl PlanConfig {
@@ -53,6 +57,7 @@ impl PlanConfig {
             malformed: 0,
             seed: 7,
             order_prefix: "order".to_owned(),
+            scatter_duplicates: false,
         }
     }
 }
@@ -161,10 +166,13 @@ impl Plan {
         for sequence in 0..duplicates {
             let original = rng.below(n as u64) as usize;
             let at = (original + 1 + rng.below(200) as usize).min(n - 1);
-            placed.push((
-                (at, 1, sequence),
-                record(&events[original], RecordKind::Duplicate),
-            ));
+            let mut duplicate = record(&events[original], RecordKind::Duplicate);
+            if config.scatter_duplicates {
+                duplicate
+                    .key
+                    .extend_from_slice(format!("/resend-{sequence}").as_bytes());
+            }
+            placed.push(((at, 1, sequence), duplicate));
         }
         let mut tail = Vec::new();
         for m in 0..config.malformed {

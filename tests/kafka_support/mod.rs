@@ -3,12 +3,18 @@
 
 #![allow(dead_code)]
 
+pub mod end_to_end;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_runtime::Idem;
 use idem_suite::kafka::broker::LocalBroker;
-use idem_suite::kafka::consumer::{ConsumerConfig, KillSwitch, OffsetStore, OrderConsumer, Stats};
+use idem_suite::kafka::consumer::{
+    ConsumerConfig, GroupConsumer, KillSwitch, MessageHandler, OffsetStore, Snapshot, Stats,
+};
+use idem_suite::kafka::handlers::OrderEvents;
+use idem_suite::kafka::notifications::{NotificationService, PaymentNotifications};
 use idem_suite::kafka::producer::{self, Plan, ProduceReport};
 use idem_suite::kafka::{self, admin};
 use sqlx::PgPool;
@@ -76,14 +82,41 @@ impl Harness {
         }
     }
 
-    /// Starts a consumer of the group.
+    /// Starts an order consumer of the group, one message per transaction.
     pub fn consumer(&self, name: &str, offsets: OffsetStore) -> Member {
+        self.batch_consumer(name, offsets, 1)
+    }
+
+    /// Starts an order consumer of the group, `batch_size` messages per transaction.
+    pub fn batch_consumer(&self, name: &str, offsets: OffsetStore, batch_size: usize) -> Member {
+        self.member(name, OrderEvents, |config| {
+            config.offsets = offsets;
+            config.batch_size = batch_size;
+        })
+    }
+
+    /// Starts a payment-notification consumer of the group, calling `service`, retrying
+    /// at least every second.
+    pub fn notifier(&self, name: &str, service: NotificationService) -> Member {
+        self.member(name, PaymentNotifications::new(service), |config| {
+            config.max_retry_backoff = Duration::from_secs(1);
+        })
+    }
+
+    /// Starts a consumer of the group with `handler`, its settings adjusted by `configure`.
+    pub fn member<H: MessageHandler>(
+        &self,
+        name: &str,
+        handler: H,
+        configure: impl FnOnce(&mut ConsumerConfig),
+    ) -> Member {
         let mut config = ConsumerConfig::new(&self.brokers, &self.group, &self.topic);
         config.client_id = format!("{}-{name}", self.group);
-        config.offsets = offsets;
         config.session_timeout = Duration::from_secs(6);
+        configure(&mut config);
         let stats = Arc::new(Stats::default());
-        let consumer = OrderConsumer::new(self.idem.clone(), config, stats.clone()).unwrap();
+        let consumer =
+            GroupConsumer::with_handler(self.idem.clone(), config, stats.clone(), handler).unwrap();
         let kill = consumer.kill_switch();
         let mut stopped = self.stop.subscribe();
         let task = tokio::spawn(consumer.run(async move {
@@ -142,15 +175,8 @@ pub async fn wait_until(
 }
 
 /// The counters of several consumers added up.
-pub fn total(members: &[&Arc<Stats>]) -> idem_suite::kafka::consumer::Snapshot {
-    let mut sum = idem_suite::kafka::consumer::Snapshot::default();
-    for stats in members {
-        let s = stats.snapshot();
-        sum.deliveries += s.deliveries;
-        sum.executed += s.executed;
-        sum.duplicates += s.duplicates;
-        sum.dead_letters += s.dead_letters;
-        sum.retries += s.retries;
-    }
-    sum
+pub fn total(members: &[&Arc<Stats>]) -> Snapshot {
+    members
+        .iter()
+        .fold(Snapshot::default(), |sum, stats| sum.plus(stats.snapshot()))
 }

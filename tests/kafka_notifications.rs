@@ -1,0 +1,215 @@
+//! Through a real Kafka-API broker, with duplicate sends on other partitions and three
+//! notification consumers of one group, one of which crashes mid-effect (the notification
+//! went out, its key is not marked), every paid order event is notified exactly once on
+//! the external side: duplicates held elsewhere get `InProgress` and are retried without
+//! committing their offsets, the crashed effect is repeated only after its lease expired,
+//! and the service absorbs the repeat on the idempotency key.
+//!
+//! Needs the `tansu` broker (`cargo install tansu --version 0.6.0 --locked --features
+//! libsql`, or `scripts/services.sh kafka`) or a broker in `KAFKA_BROKERS`.
+
+mod kafka_support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idem_suite::kafka::consumer::{self, Stats};
+use idem_suite::kafka::handlers::key_and_fingerprint;
+use idem_suite::kafka::notifications::{self, Crash, LEASE, NotificationService, ServiceSettings};
+use idem_suite::kafka::producer::{Plan, PlanConfig};
+use idem_suite::kafka::verify;
+use idem_suite::orders::{EventType, OrderEvent};
+use kafka_support::{Harness, total, wait_until};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+const EVENTS: usize = 1_500;
+const CONSUMERS: usize = 3;
+const PARTITIONS: i32 = 6;
+/// The crashing consumer's notification that never returns.
+const CRASH_AFTER: u64 = 20;
+
+#[sqlx::test(migrations = false)]
+async fn every_paid_event_is_notified_once_despite_duplicates_and_a_crash_mid_effect(pool: PgPool) {
+    let started = Instant::now();
+    let harness = Harness::new(&pool, "notify", PARTITIONS).await;
+    let plan = Plan::new(&PlanConfig {
+        events: EVENTS,
+        duplicate_rate: 0.5,
+        malformed: 0,
+        seed: 13,
+        order_prefix: format!("order-{}", harness.id),
+        scatter_duplicates: true,
+    });
+    let records = plan.all().count();
+    let paid: Vec<_> = plan
+        .events
+        .iter()
+        .filter(|event| event.event_type == EventType::Paid)
+        .collect();
+
+    // Each consumer has its own client of the service, as separate processes would; the
+    // first one hangs right after its 20th notification went out, holding the lease.
+    let options = harness.pool.connect_options().as_ref().clone();
+    let settings = ServiceSettings {
+        latency: Duration::from_millis(5),
+        crash_after: None,
+    };
+    let crashing = NotificationService::connect(
+        options.clone(),
+        ServiceSettings {
+            crash_after: Some((CRASH_AFTER, Crash::Hang)),
+            ..settings
+        },
+    )
+    .await
+    .unwrap();
+    let mut members = vec![harness.notifier("n0", crashing.clone())];
+    for n in 1..CONSUMERS {
+        let service = NotificationService::connect(options.clone(), settings)
+            .await
+            .unwrap();
+        members.push(harness.notifier(&format!("n{n}"), service));
+    }
+    let all_stats: Vec<Arc<Stats>> = members.iter().map(|member| member.stats.clone()).collect();
+    let producing = harness.produce(&plan);
+
+    wait_until(
+        Duration::from_secs(90),
+        || crashing.crashed(),
+        || {
+            format!(
+                "the first consumer crashed mid-effect: {:?}",
+                members[0].stats.snapshot()
+            )
+        },
+    )
+    .await;
+    let crashed_at = Instant::now();
+    let victim = members.remove(0);
+    victim.kill.kill();
+    victim.task.abort();
+    assert!(victim.task.await.unwrap_err().is_cancelled());
+
+    let produced = producing.await.unwrap();
+    assert_eq!(produced.records, records);
+    wait_until(
+        Duration::from_secs(120),
+        || {
+            consumer::caught_up(
+                all_stats.iter().map(Arc::as_ref),
+                &harness.topic,
+                &produced.end_offsets,
+            )
+        },
+        || {
+            format!(
+                "every partition handled to its end {:?}: {:?}",
+                produced.end_offsets,
+                total(&all_stats.iter().collect::<Vec<_>>())
+            )
+        },
+    )
+    .await;
+    let caught_up_after_crash = crashed_at.elapsed();
+    harness.stop(members).await;
+    let counted = total(&all_stats.iter().collect::<Vec<_>>());
+
+    // The external side: one notification per paid fact, under the fact's key, with its
+    // amount; one key called twice (the crashed effect, repeated after the lease expired
+    // by another worker with another token), every other key once.
+    let rows: Vec<(Uuid, String, i64, i32, Uuid, Uuid, f64)> = sqlx::query_as(
+        "SELECT idempotency_key, order_id, amount_cents, calls, first_token, last_token,
+                extract(epoch FROM last_call_at - first_call_at)::float8
+         FROM notifications_sent",
+    )
+    .fetch_all(&harness.pool)
+    .await
+    .unwrap();
+    let sent: BTreeMap<Uuid, (String, i64)> = rows
+        .iter()
+        .map(|(key, order, amount, ..)| (*key, (order.clone(), *amount)))
+        .collect();
+    let expected: BTreeMap<Uuid, (String, i64)> = paid
+        .iter()
+        .map(|event| {
+            let (key, _) = key_and_fingerprint(event).unwrap();
+            (key.as_uuid(), (event.order_id.clone(), event.amount_cents))
+        })
+        .collect();
+    assert_eq!(rows.len(), paid.len(), "one row per paid fact");
+    assert_eq!(sent, expected, "every paid fact, and nothing else");
+    let repeated: Vec<_> = rows.iter().filter(|row| row.3 != 1).collect();
+    assert_eq!(
+        repeated.len(),
+        1,
+        "only the crashed effect repeated: {repeated:?}"
+    );
+    let (_, _, _, calls, first_token, last_token, gap) = repeated[0];
+    assert_eq!(*calls, 2);
+    assert_ne!(
+        first_token, last_token,
+        "the repeat came from another claim"
+    );
+    assert!(
+        *gap >= LEASE.as_secs_f64() - 0.5,
+        "the effect was repeated only after the lease expired: {gap:.2} s after the first call"
+    );
+    let summary = notifications::summary(&harness.pool).await.unwrap();
+    assert_eq!(summary.delivered, paid.len() as i64);
+    assert_eq!(summary.calls, paid.len() as i64 + 1);
+
+    // The status table: every paid fact's key succeeded; the crashed one on its second
+    // claim (the expired lease counted as an attempt).
+    let statuses: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT status, count(*), max(attempts)::bigint FROM idem.idem_keys WHERE scope = $1
+         GROUP BY status",
+    )
+    .bind(notifications::SCOPE)
+    .fetch_all(&harness.pool)
+    .await
+    .unwrap();
+    assert_eq!(statuses, vec![("success".to_owned(), paid.len() as i64, 2)]);
+
+    // The consumers: duplicates were held off with InProgress while the lease lived, and
+    // every paid fact ran to success exactly once; the other events were skipped.
+    assert!(counted.in_progress >= 1, "{counted:?}");
+    assert_eq!(counted.executed, paid.len() as u64, "{counted:?}");
+    assert!(counted.deliveries >= records as u64, "{counted:?}");
+    assert_eq!(counted.dead_letters, 0, "{counted:?}");
+    let not_paid = plan
+        .all()
+        .filter(|record| {
+            let event: OrderEvent = serde_json::from_slice(&record.payload).unwrap();
+            event.event_type != EventType::Paid
+        })
+        .count();
+    assert!(counted.skipped >= not_paid as u64, "{counted:?}");
+    assert!(
+        verify::dead_letters(&harness.pool, &harness.group)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    eprintln!(
+        "notifications: {records} records ({} paid facts, {} duplicate sends on other partitions), \
+         {} deliveries, {} notified, {} duplicates, {} skipped, {} retries ({} in progress); \
+         service: {} delivered, {} calls, {} key repeated {gap:.1} s after its first call; \
+         caught up {:.1} s after the crash; {:.1} s in all",
+        paid.len(),
+        produced.duplicates,
+        counted.deliveries,
+        counted.executed,
+        counted.duplicates,
+        counted.skipped,
+        counted.retries,
+        counted.in_progress,
+        summary.delivered,
+        summary.calls,
+        summary.repeated_keys,
+        caught_up_after_crash.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    harness.finish().await;
+}
