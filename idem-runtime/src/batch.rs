@@ -5,20 +5,45 @@
 //! commit for all its messages and keeps every guarantee per message:
 //!
 //! 1. the keys are derived; a message whose key cannot be derived gets [`Error::Key`],
-//!    and a message whose key appeared earlier in the batch is a duplicate of that one;
+//!    and a message whose key appeared earlier in the batch is a duplicate of that one
+//!    (it gets the first one's outcome; with another payload fingerprint,
+//!    [`Error::PayloadMismatch`]);
 //! 2. `BEGIN`, then one statement claims every key (`INSERT ... SELECT FROM unnest(...)
 //!    ON CONFLICT DO NOTHING`, in key order so that concurrent batches cannot deadlock)
-//!    and reads the rows in the way; `failed` keys are taken over in one more statement;
-//! 3. the body runs for each claimed message, in order, on the same connection;
-//! 4. one statement stores the results, and one `COMMIT` makes all effects and all
-//!    `success` rows visible together.
+//!    and reads the rows in the way; `failed` keys are taken over in one more statement.
+//!    A key in the way that succeeded, is parked or has another payload is decided there,
+//!    without running the body for its message;
+//! 3. the body runs for the claimed messages on the same connection;
+//! 4. one `COMMIT` makes all effects and all `success` rows visible together.
 //!
-//! **When a body fails** (or PostgreSQL reports a serialization failure or deadlock), the
-//! batch transaction rolls back as a whole and the claimed messages are processed again
-//! one by one with [`transactional::run`](crate::transactional::run()): the failing message
-//! records its failure, the others commit on their own. The happy path pays nothing for
-//! this (no savepoint per message, which would cost two round trips each), and no message
-//! is lost or applied twice.
+//! Two kinds of handler use this path:
+//!
+//! - [`run`]: a per-message handler with `#[idempotent(batch = true)]`, whose generated
+//!   `<handler>_batch` runs the body once per claimed message, in order, and stores each
+//!   result (one statement for all of them) before the commit;
+//! - [`run_bulk`]: a **batch handler**, whose message parameter is a slice
+//!   (`events: &[&OrderEvent]`). Its body runs **once** per batch, with all the claimed
+//!   messages, in message order, so that it can write them in one statement (a
+//!   multi-row `INSERT ... SELECT FROM unnest(...)`). If no message is new, the body is
+//!   not called and nothing is written. It returns `Result<(), E>`: one body run covers
+//!   many messages, so there is no value per message to return or to store, and
+//!   duplicates get [`Outcome::Duplicate(None)`](Outcome::Duplicate).
+//!
+//! **When a body fails** (or PostgreSQL reports a serialization failure, a deadlock or a
+//! lock timeout, or the commit fails), the batch transaction rolls back as a whole and the
+//! claimed messages are processed again one by one with
+//! [`transactional::run`](crate::transactional::run()) (a batch handler's body then gets a
+//! slice of one message): the failing message records its failure (attempts, and `parked`
+//! after `max_attempts`), the others commit on their own. Messages already decided by the
+//! claim (duplicates, parked keys, payload mismatches) keep that decision. The happy path
+//! pays nothing for this (no savepoint per message, which would cost two round trips
+//! each), and no message is lost or applied twice. The price is on the failure path: the
+//! body's work for the whole batch is done again, message by message, so a body that
+//! fails often should not be run in large batches.
+//!
+//! The Redis cache of duplicates (feature `redis`) is not consulted by the batch
+//! statement, which decides all keys in one round trip anyway; the one-by-one pass after a
+//! rollback uses it as [`transactional::run`](crate::transactional::run()) does.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -27,23 +52,123 @@ use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
 use crate::Idem;
-use crate::handler::{HandlerSpec, ResultCodec};
+use crate::handler::{BatchResult, HandlerSpec, NoResult, ResultCodec};
 use crate::key::{IdempotencyKey, KeyError};
-use crate::outcome::{Error, HandlerError, Outcome};
+use crate::outcome::{Error, Handled, HandlerError, Outcome};
 use crate::store::{Existing, Status};
 use crate::transactional;
 
 /// The outcome of each message of a batch, in the order of the messages.
 pub type BatchOutcomes<T, E> = Vec<Result<Outcome<T>, Error<E>>>;
 
+/// A message's key and payload fingerprint, as the handler derives them.
+type Derived = (IdempotencyKey, Option<[u8; 32]>);
+
+/// One message's outcome, with its index in the batch.
+type Indexed<T, E> = (usize, Result<Outcome<T>, Error<E>>);
+
 /// What happens to one message of the batch.
 enum Plan {
-    /// Decided before the batch transaction (key error, duplicate inside the batch).
+    /// Decided before the batch transaction (key error, payload mismatch inside the batch).
     Done,
     /// A duplicate of the message at this earlier index of the batch.
     SameAs(usize),
     /// Claimed, or to be decided by the claim.
     Claim,
+}
+
+/// The messages of a batch with their keys, and the outcomes decided so far.
+struct Planned<T, E> {
+    outcomes: Vec<Option<Result<Outcome<T>, Error<E>>>>,
+    derived: Vec<Option<Derived>>,
+    plans: Vec<Plan>,
+}
+
+impl<T, E> Planned<T, E> {
+    /// Derives every message's key; decides key errors and duplicates inside the batch.
+    fn new<'m, M>(
+        messages: &'m [M],
+        mut derive: impl FnMut(&'m M) -> Result<Derived, KeyError>,
+    ) -> Self {
+        let mut planned = Planned {
+            outcomes: messages.iter().map(|_| None).collect(),
+            derived: Vec::with_capacity(messages.len()),
+            plans: Vec::with_capacity(messages.len()),
+        };
+        let mut first_of_key: HashMap<IdempotencyKey, usize> = HashMap::new();
+        for (index, message) in messages.iter().enumerate() {
+            match derive(message) {
+                Err(error) => {
+                    planned.outcomes[index] = Some(Err(Error::Key(error)));
+                    planned.derived.push(None);
+                    planned.plans.push(Plan::Done);
+                }
+                Ok((key, fingerprint)) => {
+                    match first_of_key.get(&key) {
+                        Some(&first) => {
+                            let same_payload = match (&planned.derived[first], fingerprint) {
+                                (Some((_, Some(theirs))), Some(ours)) => *theirs == ours,
+                                _ => true,
+                            };
+                            if same_payload {
+                                planned.plans.push(Plan::SameAs(first));
+                            } else {
+                                planned.outcomes[index] = Some(Err(Error::PayloadMismatch { key }));
+                                planned.plans.push(Plan::Done);
+                            }
+                        }
+                        None => {
+                            first_of_key.insert(key, index);
+                            planned.plans.push(Plan::Claim);
+                        }
+                    }
+                    planned.derived.push(Some((key, fingerprint)));
+                }
+            }
+        }
+        planned
+    }
+
+    /// The messages whose keys the batch claims, in message order.
+    fn to_claim(&self) -> Vec<usize> {
+        self.plans
+            .iter()
+            .enumerate()
+            .filter_map(|(index, plan)| matches!(plan, Plan::Claim).then_some(index))
+            .collect()
+    }
+
+    /// The key and fingerprint of a message that has a key.
+    fn keyed(&self, index: usize) -> Derived {
+        self.derived[index].expect("claimed messages have keys")
+    }
+
+    fn decide(&mut self, decided: impl IntoIterator<Item = Indexed<T, E>>) {
+        for (index, outcome) in decided {
+            self.outcomes[index] = Some(outcome);
+        }
+    }
+
+    /// Every message's outcome, in order: duplicates inside the batch share the outcome
+    /// of the first message with their key.
+    fn finish<C: ResultCodec<T>>(mut self, codec: &C) -> BatchOutcomes<T, E> {
+        for index in 0..self.plans.len() {
+            if let Plan::SameAs(first) = self.plans[index] {
+                let (key, _) = self.keyed(index);
+                self.outcomes[index] = Some(match &self.outcomes[first] {
+                    Some(Ok(Outcome::Executed(value) | Outcome::Duplicate(Some(value)))) => {
+                        replay(codec, key, value)
+                    }
+                    Some(Ok(Outcome::Duplicate(None))) | None => Ok(Outcome::Duplicate(None)),
+                    Some(Err(error)) => Err(same_error(error, key)),
+                });
+            }
+        }
+        self.outcomes
+            .into_iter()
+            .map(|outcome| outcome.expect("every message has an outcome"))
+            .collect()
+    }
 }
 
 /// Runs `body` for every message of `messages` whose key has not succeeded yet, in one
@@ -57,106 +182,225 @@ pub async fn run<'m, M, T, E, C, D, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     messages: &'m [M],
-    mut derive: D,
+    derive: D,
     codec: C,
     mut body: F,
 ) -> BatchOutcomes<T, E>
 where
     C: ResultCodec<T> + Copy,
     E: HandlerError,
-    D: FnMut(&'m M) -> Result<(IdempotencyKey, Option<[u8; 32]>), KeyError>,
+    D: FnMut(&'m M) -> Result<Derived, KeyError>,
     F: FnMut(Transaction<'static, Postgres>, &'m M) -> Fut,
     Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
 {
-    let mut outcomes: Vec<Option<Result<Outcome<T>, Error<E>>>> =
-        messages.iter().map(|_| None).collect();
-    let mut derived = Vec::with_capacity(messages.len());
-    let mut plans = Vec::with_capacity(messages.len());
-    let mut first_of_key: HashMap<IdempotencyKey, usize> = HashMap::new();
-    for (index, message) in messages.iter().enumerate() {
-        match derive(message) {
-            Err(error) => {
-                outcomes[index] = Some(Err(Error::Key(error)));
-                derived.push(None);
-                plans.push(Plan::Done);
-            }
-            Ok((key, fingerprint)) => {
-                match first_of_key.get(&key) {
-                    Some(&first) => {
-                        let same_payload = match (&derived[first], fingerprint) {
-                            (Some((_, Some(theirs))), Some(ours)) => *theirs == ours,
-                            _ => true,
-                        };
-                        if same_payload {
-                            plans.push(Plan::SameAs(first));
-                        } else {
-                            outcomes[index] = Some(Err(Error::PayloadMismatch { key }));
-                            plans.push(Plan::Done);
-                        }
-                    }
-                    None => {
-                        first_of_key.insert(key, index);
-                        plans.push(Plan::Claim);
-                    }
-                }
-                derived.push(Some((key, fingerprint)));
-            }
-        }
-    }
-
-    let claimed: Vec<usize> = plans
-        .iter()
-        .enumerate()
-        .filter_map(|(index, plan)| matches!(plan, Plan::Claim).then_some(index))
-        .collect();
-    let keyed = |index: usize| derived[index].expect("claimed messages have keys");
-
-    match in_one_transaction(idem, spec, messages, &claimed, &keyed, codec, &mut body).await {
-        Ok(batch) => {
-            for (index, outcome) in batch {
-                outcomes[index] = Some(outcome);
-            }
-        }
-        Err(fallback) => {
-            tracing::debug!(
-                scope = spec.scope,
-                messages = claimed.len(),
-                reason = %fallback,
-                "batch rolled back; processing its messages one by one"
-            );
-            for &index in &claimed {
+    let mut planned = Planned::new(messages, derive);
+    let to_claim = planned.to_claim();
+    let keyed = |index: usize| planned.keyed(index);
+    let (each, derived) = (&mut body, &keyed);
+    let pass = batch_pass(idem, spec, &to_claim, &keyed, &codec, move |tx, owned| {
+        run_each(idem, spec, tx, messages, owned, derived, codec, each)
+    })
+    .await;
+    let outcomes = match pass {
+        Pass::Committed(outcomes) => outcomes,
+        Pass::OneByOne {
+            retry,
+            mut decided,
+            reason,
+        } => {
+            log_fallback(spec, &retry, &reason);
+            for index in retry {
                 let (key, fingerprint) = keyed(index);
                 let message = &messages[index];
                 let outcome =
                     transactional::run(idem, spec, key, fingerprint, codec, |tx| body(tx, message))
                         .await;
-                outcomes[index] = Some(outcome);
+                decided.push((index, outcome));
             }
+            decided
         }
-    }
+    };
+    planned.decide(outcomes);
+    planned.finish(&codec)
+}
 
-    // Duplicates inside the batch share the outcome of the first message with their key.
-    for index in 0..messages.len() {
-        if let Plan::SameAs(first) = plans[index] {
-            let (key, _) = keyed(index);
-            outcomes[index] = Some(match &outcomes[first] {
-                Some(Ok(Outcome::Executed(value) | Outcome::Duplicate(Some(value)))) => {
-                    replay(codec, key, value)
-                }
-                Some(Ok(Outcome::Duplicate(None))) | None => Ok(Outcome::Duplicate(None)),
-                Some(Err(error)) => Err(same_error(error, key)),
-            });
+/// Runs the body of a **batch handler** once for all messages of `messages` whose keys
+/// have not succeeded yet, in one transaction with the claims of all their keys.
+///
+/// `derive` gives each message's key and payload fingerprint, as for [`run`]. `body`
+/// receives the open transaction and the claimed messages, in message order (never
+/// none), and hands the transaction back with its result, `Result<(), E>`. Returns one
+/// outcome per message, in order (a [`BatchOutcomes<(), E>`](BatchOutcomes)):
+/// [`Outcome::Executed`] for the messages the body received,
+/// [`Outcome::Duplicate(None)`](Outcome::Duplicate) for those already processed (nothing
+/// is stored for replay).
+///
+/// When the body fails, the batch rolls back and each claimed message is processed on
+/// its own by [`transactional::run`](crate::transactional::run()), the body receiving a
+/// slice of that one message (see the [module docs](self)). So the body may run more than
+/// once, each earlier run rolled back as a whole.
+///
+/// A handler whose message parameter is a slice, `#[idempotent(key = "...")] async fn
+/// h(tx: &mut PgConnection, events: &[&M]) -> Result<(), E>`, generates a call of this
+/// function. Without the attribute:
+///
+/// ```no_run
+/// use idem_runtime::{Idem, batch, handler::HandlerSpec, key::KeyBuilder};
+///
+/// struct OrderEvent {
+///     order_id: String,
+///     amount_cents: i64,
+/// }
+///
+/// # async fn deliver(idem: &Idem, events: &[OrderEvent]) {
+/// const SPEC: HandlerSpec = HandlerSpec { scope: "record_orders", max_attempts: None };
+/// let outcomes = batch::run_bulk(
+///     idem,
+///     &SPEC,
+///     events,
+///     |event| Ok((KeyBuilder::new().part("order_id", &event.order_id)?.finish(), None)),
+///     |mut tx, new: Vec<&OrderEvent>| async move {
+///         let ids: Vec<&str> = new.iter().map(|e| e.order_id.as_str()).collect();
+///         let amounts: Vec<i64> = new.iter().map(|e| e.amount_cents).collect();
+///         let result: Result<(), sqlx::Error> = sqlx::query(
+///             "INSERT INTO orders (id, amount_cents) SELECT * FROM unnest($1::text[], $2::bigint[])",
+///         )
+///         .bind(&ids)
+///         .bind(&amounts)
+///         .execute(&mut *tx)
+///         .await
+///         .map(|_| ());
+///         (tx, result)
+///     },
+/// )
+/// .await;
+/// assert_eq!(outcomes.len(), events.len());
+/// # }
+/// ```
+pub async fn run_bulk<'m, M, R, D, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    messages: &'m [M],
+    derive: D,
+    mut body: F,
+) -> Vec<Handled<R>>
+where
+    R: BatchResult,
+    R::Error: HandlerError,
+    D: FnMut(&'m M) -> Result<Derived, KeyError>,
+    F: FnMut(Transaction<'static, Postgres>, Vec<&'m M>) -> Fut,
+    Fut: Future<Output = (Transaction<'static, Postgres>, R)>,
+{
+    let mut planned = Planned::new(messages, derive);
+    let to_claim = planned.to_claim();
+    let keyed = |index: usize| planned.keyed(index);
+    let mut body = |tx, slice| {
+        let running = body(tx, slice);
+        async move {
+            let (tx, result) = running.await;
+            (tx, result.into_result())
         }
+    };
+    let once = &mut body;
+    let pass = batch_pass(
+        idem,
+        spec,
+        &to_claim,
+        &keyed,
+        &NoResult,
+        move |tx, owned| run_once(tx, messages, owned, once),
+    )
+    .await;
+    let outcomes = match pass {
+        Pass::Committed(outcomes) => outcomes,
+        Pass::OneByOne {
+            retry,
+            mut decided,
+            reason,
+        } => {
+            log_fallback(spec, &retry, &reason);
+            for index in retry {
+                let (key, fingerprint) = keyed(index);
+                let message = &messages[index];
+                let outcome = transactional::run(idem, spec, key, fingerprint, NoResult, |tx| {
+                    body(tx, vec![message])
+                })
+                .await;
+                decided.push((index, outcome));
+            }
+            decided
+        }
+    };
+    planned.decide(outcomes);
+    planned.finish(&NoResult)
+}
+
+/// The outcome of the batch transaction.
+enum Pass<T, E> {
+    /// Committed (or nothing to commit): the outcomes of the messages it decided.
+    Committed(Vec<Indexed<T, E>>),
+    /// Rolled back: the messages in `retry` go one by one; `decided` stand.
+    OneByOne {
+        retry: Vec<usize>,
+        decided: Vec<Indexed<T, E>>,
+        reason: Fallback,
+    },
+}
+
+/// Claims the keys of the messages `to_claim` and, if any is owned, hands the open
+/// transaction and the owned messages (in message order) to `work`, which runs the body
+/// and commits. With nothing owned, the transaction is dropped without a write.
+async fn batch_pass<T, E, C, W, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    to_claim: &[usize],
+    keyed: &impl Fn(usize) -> Derived,
+    codec: &C,
+    work: W,
+) -> Pass<T, E>
+where
+    C: ResultCodec<T>,
+    W: FnOnce(Transaction<'static, Postgres>, Vec<usize>) -> Fut,
+    Fut: Future<Output = Result<Vec<Indexed<T, E>>, Fallback>>,
+{
+    match claim(idem, spec, to_claim, keyed, codec).await {
+        Ok(None) => Pass::Committed(Vec::new()),
+        Ok(Some(Claim { tx, owned, decided })) if owned.is_empty() => {
+            // Read-only: dropping the transaction rolls it back on release.
+            drop(tx);
+            Pass::Committed(decided)
+        }
+        Ok(Some(Claim { tx, owned, decided })) => match work(tx, owned.clone()).await {
+            Ok(executed) => {
+                let mut outcomes = decided;
+                outcomes.extend(executed);
+                Pass::Committed(outcomes)
+            }
+            Err(reason) => Pass::OneByOne {
+                retry: owned,
+                decided,
+                reason,
+            },
+        },
+        Err(reason) => Pass::OneByOne {
+            retry: to_claim.to_vec(),
+            decided: Vec::new(),
+            reason,
+        },
     }
-    outcomes
-        .into_iter()
-        .map(|outcome| outcome.expect("every message has an outcome"))
-        .collect()
+}
+fn log_fallback(spec: &HandlerSpec, retry: &[usize], reason: &Fallback) {
+    tracing::debug!(
+        scope = spec.scope,
+        messages = retry.len(),
+        reason = %reason,
+        "batch rolled back; processing its messages one by one"
+    );
 }
 
 /// A duplicate's copy of a value, through the codec (as a duplicate from the table gets it).
 fn replay<T, E, C: ResultCodec<T>>(
-    codec: C,
+    codec: &C,
     key: IdempotencyKey,
     value: &T,
 ) -> Result<Outcome<T>, Error<E>> {
@@ -194,29 +438,33 @@ enum Fallback {
     Database(#[from] sqlx::Error),
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn in_one_transaction<'m, M, T, E, C, F, Fut>(
+/// The batch transaction after the claim of its keys.
+struct Claim<T, E> {
+    tx: Transaction<'static, Postgres>,
+    /// The messages whose keys this transaction holds, in message order.
+    owned: Vec<usize>,
+    /// The messages decided by the rows in the way (duplicates, parked keys, payload
+    /// mismatches).
+    decided: Vec<Indexed<T, E>>,
+}
+
+/// Opens the batch transaction and claims the keys of the messages `to_claim` in one
+/// statement; `failed` keys in the way are taken over in one more. `None` when there is
+/// nothing to claim (no transaction is opened then).
+async fn claim<T, E, C: ResultCodec<T>>(
     idem: &Idem,
     spec: &HandlerSpec,
-    messages: &'m [M],
-    claimed: &[usize],
-    keyed: &impl Fn(usize) -> (IdempotencyKey, Option<[u8; 32]>),
-    codec: C,
-    body: &mut F,
-) -> Result<Vec<(usize, Result<Outcome<T>, Error<E>>)>, Fallback>
-where
-    C: ResultCodec<T> + Copy,
-    F: FnMut(Transaction<'static, Postgres>, &'m M) -> Fut,
-    Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
-{
-    let mut results = Vec::with_capacity(claimed.len());
-    if claimed.is_empty() {
-        return Ok(results);
+    to_claim: &[usize],
+    keyed: &impl Fn(usize) -> Derived,
+    codec: &C,
+) -> Result<Option<Claim<T, E>>, Fallback> {
+    if to_claim.is_empty() {
+        return Ok(None);
     }
     let table = format!("{}.idem_keys", idem.config().schema());
     let scope = spec.scope;
-    let keys: Vec<Uuid> = claimed.iter().map(|&i| keyed(i).0.as_uuid()).collect();
-    let fingerprints: Vec<Option<Vec<u8>>> = claimed
+    let keys: Vec<Uuid> = to_claim.iter().map(|&i| keyed(i).0.as_uuid()).collect();
+    let fingerprints: Vec<Option<Vec<u8>>> = to_claim
         .iter()
         .map(|&i| keyed(i).1.map(|f| f.to_vec()))
         .collect();
@@ -246,12 +494,13 @@ where
     .fetch_all(&mut *tx)
     .await?;
 
-    let position: HashMap<Uuid, usize> = claimed
+    let position: HashMap<Uuid, usize> = to_claim
         .iter()
         .map(|&index| (keyed(index).0.as_uuid(), index))
         .collect();
     let mut owned = Vec::new();
     let mut failed = Vec::new();
+    let mut decided = Vec::new();
     for row in rows {
         let key: Uuid = row.try_get("key")?;
         let index = position[&key];
@@ -273,7 +522,7 @@ where
         };
         let mismatch = matches!((fingerprint, &existing.fingerprint), (Some(ours), Some(theirs)) if ours.as_slice() != theirs.as_slice());
         if mismatch {
-            results.push((
+            decided.push((
                 index,
                 Err(Error::PayloadMismatch {
                     key: idempotency_key,
@@ -282,9 +531,9 @@ where
         } else if existing.status == Status::Failed {
             failed.push(index);
         } else {
-            results.push((
+            decided.push((
                 index,
-                transactional::decide(idempotency_key, existing, &codec),
+                transactional::decide(idempotency_key, existing, codec),
             ));
         }
     }
@@ -305,11 +554,31 @@ where
         owned.extend(failed);
     }
     owned.sort_unstable();
+    Ok(Some(Claim { tx, owned, decided }))
+}
 
+/// [`run`]'s work in the batch transaction: the body for each owned message, in order,
+/// one statement storing the results, the commit.
+#[allow(clippy::too_many_arguments)]
+async fn run_each<'m, M, T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    mut tx: Transaction<'static, Postgres>,
+    messages: &'m [M],
+    owned: Vec<usize>,
+    keyed: &impl Fn(usize) -> Derived,
+    codec: C,
+    body: &mut F,
+) -> Result<Vec<Indexed<T, E>>, Fallback>
+where
+    C: ResultCodec<T>,
+    F: FnMut(Transaction<'static, Postgres>, &'m M) -> Fut,
+    Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
+{
     let mut stored_keys = Vec::new();
     let mut stored_results = Vec::new();
     let mut values = Vec::with_capacity(owned.len());
-    for &index in &owned {
+    for index in owned {
         let (returned, result) = body(tx, &messages[index]).await;
         tx = returned;
         let Ok(value) = result else {
@@ -326,12 +595,13 @@ where
         values.push((index, value));
     }
     if !stored_keys.is_empty() {
+        let table = format!("{}.idem_keys", idem.config().schema());
         sqlx::query(&format!(
             "UPDATE {table} AS k SET result = v.result \
              FROM unnest($2::uuid[], $3::jsonb[]) AS v(key, result) \
              WHERE k.scope = $1 AND k.key = v.key"
         ))
-        .bind(scope)
+        .bind(spec.scope)
         .bind(&stored_keys)
         .bind(&stored_results)
         .execute(&mut *tx)
@@ -340,10 +610,33 @@ where
     // A body that swallowed a failed statement left the transaction aborted: the check
     // fails then, where a bare COMMIT would roll back without an error.
     transactional::commit_checked(tx, "SELECT 1").await?;
-    results.extend(
-        values
-            .into_iter()
-            .map(|(index, value)| (index, Ok(Outcome::Executed(value)))),
-    );
-    Ok(results)
+    Ok(values
+        .into_iter()
+        .map(|(index, value)| (index, Ok(Outcome::Executed(value))))
+        .collect())
+}
+
+/// [`run_bulk`]'s work in the batch transaction: the body once with all owned messages,
+/// in order, then the commit.
+async fn run_once<'m, M, E, F, Fut>(
+    tx: Transaction<'static, Postgres>,
+    messages: &'m [M],
+    owned: Vec<usize>,
+    body: &mut F,
+) -> Result<Vec<Indexed<(), E>>, Fallback>
+where
+    F: FnMut(Transaction<'static, Postgres>, Vec<&'m M>) -> Fut,
+    Fut: Future<Output = (Transaction<'static, Postgres>, Result<(), E>)>,
+{
+    let slice = owned.iter().map(|&index| &messages[index]).collect();
+    let (tx, result) = body(tx, slice).await;
+    if result.is_err() {
+        return Err(Fallback::HandlerFailed);
+    }
+    // As in `run_each`: an aborted transaction fails the check instead of rolling back.
+    transactional::commit_checked(tx, "SELECT 1").await?;
+    Ok(owned
+        .into_iter()
+        .map(|index| (index, Ok(Outcome::Executed(()))))
+        .collect())
 }

@@ -3,6 +3,8 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::outcome::HandlerResult;
+
 /// The static description of one idempotent handler.
 #[derive(Debug, Clone, Copy)]
 pub struct HandlerSpec {
@@ -53,5 +55,26 @@ impl<T> ResultCodec<T> for NoResult {
 
     fn decode(&self, _: Option<serde_json::Value>) -> Result<Option<T>, serde_json::Error> {
         Ok(None)
+    }
+}
+
+/// The return type of a batch handler (one whose message parameter is a slice):
+/// `Result<(), E>`.
+///
+/// The body runs once for all the new messages of a batch, so it has no value per
+/// message to return, store or replay to duplicates.
+#[diagnostic::on_unimplemented(
+    message = "a batch handler must return `Result<(), E>`, not `{Self}`",
+    label = "the body runs once for all the new messages of a batch: it has no value per message to return or to store",
+    note = "declare the handler as `-> Result<(), E>`; for a value per message, stored and replayed to duplicates, take one message (`event: &Message`) and add `batch = true`, which generates `<handler>_batch` over a slice"
+)]
+pub trait BatchResult: HandlerResult<Value = ()> {
+    /// The body's result as a `Result`.
+    fn into_result(self) -> Result<(), Self::Error>;
+}
+
+impl<E> BatchResult for Result<(), E> {
+    fn into_result(self) -> Result<(), E> {
+        self
     }
 }

@@ -137,7 +137,7 @@ pub use outcome::{Disposition, Error, Handled, HandlerError, HandlerResult, Outc
 /// Not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::batch::run as run_batch;
+    pub use crate::batch::{run as run_batch, run_bulk as run_batch_handler};
     pub use crate::cache::{CacheSwitch, CacheTtlMillis, handler_cache};
     pub use crate::handler::{HandlerSpec, JsonResult, NoResult};
     pub use crate::key::{KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart};
