@@ -247,6 +247,35 @@ impl Args {
         flag.value
     }
 
+    /// Records an error for each argument that has no meaning for a batch handler (one
+    /// whose message parameter is a slice): `batch = true`, `store_result`, `cache` and
+    /// `cache_ttl`.
+    pub fn check_batch_handler(&mut self) {
+        if let Some(flag) = self.batch.as_ref().filter(|flag| flag.value) {
+            self.errors.push(syn::Error::new(
+                flag.span,
+                "this handler takes a slice of messages, so it is a batch handler already: remove `batch = true` (which generates `<handler>_batch` for a handler of one message)",
+            ));
+        }
+        if let Some(flag) = &self.store_result {
+            self.errors.push(syn::Error::new(
+                flag.span,
+                "a batch handler stores no result: its body runs once for all the new messages of a batch and returns `Result<(), E>`; remove `store_result`",
+            ));
+        }
+        let cache_span = match (&self.cache, &self.cache_ttl) {
+            (Some(flag), _) => Some(flag.span),
+            (None, Some((_, literal))) => Some(literal.span()),
+            (None, None) => None,
+        };
+        if let Some(span) = cache_span {
+            self.errors.push(syn::Error::new(
+                span,
+                "a batch handler does not use the Redis cache: one statement decides all the keys of a batch in PostgreSQL; remove `cache` and `cache_ttl`",
+            ));
+        }
+    }
+
     /// The handler's own use of the Redis cache, if it says anything about it. Records an
     /// error for `cache_ttl` with `cache = false`.
     pub fn cache(&mut self) -> Option<CacheArg> {

@@ -16,6 +16,8 @@ struct Handler<'a> {
     message_param: &'a PatType,
     message: Ident,
     output: &'a Type,
+    /// A batch handler (message parameter `&[&M]`): the message type `M`.
+    batch_of: Option<&'a Type>,
 }
 
 /// Expands the attribute; every problem found is returned together.
@@ -29,6 +31,12 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
     } else {
         check_signature(item, mode, &mut args.errors)
     };
+    if handler
+        .as_ref()
+        .is_some_and(|handler| handler.batch_of.is_some())
+    {
+        args.check_batch_handler();
+    }
     if args.key.is_none() {
         args.errors.push(syn::Error::new(
             Span::call_site(),
@@ -92,6 +100,31 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         .into_iter()
         .next()
         .map_or_else(Span::call_site, |token| token.span());
+    if let Some(element) = handler.batch_of {
+        let spec = Ident::new("SPEC", Span::mixed_site());
+        let spec_item = quote! {
+            const #spec: #private::HandlerSpec = #private::HandlerSpec {
+                scope: #scope,
+                max_attempts: #max_attempts,
+            };
+        };
+        let derive = quote! {
+            |#message| -> ::core::result::Result<_, #private::KeyError> {
+                #sole_part_check
+                ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
+            }
+        };
+        let generated = BatchHandler {
+            handler: &handler,
+            element,
+            krate: &krate,
+            spec,
+            spec_item,
+            derive,
+            first,
+        };
+        return Ok(generated.expand(item));
+    }
     let is_context = |typed: &PatType| {
         handler
             .context
@@ -326,6 +359,104 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
     })
 }
 
+/// A batch handler: its message parameter is a slice `&[&M]`, and the generated function
+/// takes `(&Idem, &[M], ...)` and runs the body once for all the new messages.
+struct BatchHandler<'a> {
+    handler: &'a Handler<'a>,
+    /// The message type `M`.
+    element: &'a Type,
+    krate: &'a TokenStream,
+    spec: Ident,
+    /// `const SPEC: HandlerSpec = ...;`
+    spec_item: TokenStream,
+    /// The closure that derives one message's key and fingerprint.
+    derive: TokenStream,
+    /// The first token of the return type, where the runner's bounds are reported.
+    first: Span,
+}
+
+impl BatchHandler<'_> {
+    fn expand(self, item: &ItemFn) -> TokenStream {
+        let BatchHandler {
+            handler,
+            element,
+            krate,
+            spec,
+            spec_item,
+            derive,
+            first,
+        } = self;
+        let ItemFn {
+            attrs,
+            vis,
+            sig,
+            block,
+        } = item;
+        let private = quote!(#krate::__private);
+        let output = handler.output;
+        let [idem, messages, new, transaction, result] =
+            ["idem", "messages", "new_messages", "transaction", "result"]
+                .map(|name| Ident::new(name, Span::mixed_site()));
+        let context = handler
+            .context
+            .expect("checked: transaction handlers take a connection");
+        let (connection_pat, connection_ty) = (&context.pat, &context.ty);
+        let message_pat = &handler.message_param.pat;
+        let is_context = |typed: &PatType| std::ptr::eq(typed, context);
+        let is_message = |typed: &PatType| std::ptr::eq(typed, handler.message_param);
+        let inputs = sig.inputs.iter().map(|input| match input {
+            FnArg::Typed(typed) if is_context(typed) => quote!(#idem: &#krate::Idem),
+            FnArg::Typed(typed) if is_message(typed) => quote!(#messages: &[#element]),
+            other => other.to_token_stream(),
+        });
+        // The body may run again (one message at a time after a failure, or after a
+        // transient error): each run gets its own copy of the owned parameters.
+        let clone_owned = sig.inputs.iter().filter_map(|input| match input {
+            FnArg::Typed(typed) if !is_context(typed) && !is_message(typed) => {
+                clone_if_owned(typed)
+            }
+            _ => None,
+        });
+        let run_args = quote! {
+            #idem,
+            &#spec,
+            #messages,
+            #derive,
+            move |mut #transaction, #new| {
+                #(#clone_owned)*
+                async move {
+                    let #result = {
+                        let #connection_pat: #connection_ty = &mut *#transaction;
+                        let #message_pat: &[&_] = &#new;
+                        #private::handler_body::<#output, _>(async #block).await
+                    };
+                    (#transaction, #result)
+                }
+            },
+        };
+        let call = call_at(&quote!(#private::run_batch_handler), run_args, first);
+        let (constness, asyncness, unsafety, abi, fn_token, ident, generics) = (
+            &sig.constness,
+            &sig.asyncness,
+            &sig.unsafety,
+            &sig.abi,
+            &sig.fn_token,
+            &sig.ident,
+            &sig.generics,
+        );
+        let where_clause = &generics.where_clause;
+        quote! {
+            #(#attrs)*
+            #vis #constness #asyncness #unsafety #abi #fn_token #ident #generics (#(#inputs),*)
+                -> ::std::vec::Vec<#private::Handled<#output>> #where_clause
+            {
+                #spec_item
+                #call
+            }
+        }
+    }
+}
+
 /// `runner(args).await` with `runner`, the parentheses and the `.await` spanned on `span`:
 /// a bound of the runner, required by both the call and the `.await`, fails once, there.
 fn call_at(runner: &TokenStream, args: TokenStream, span: Span) -> TokenStream {
@@ -453,6 +584,14 @@ fn check_signature<'a>(
         }
     };
     let message_param = typed.next();
+    let batch_of = match message_param.map(|param| slice_message(&param.ty)) {
+        Some(Slice::Batch(element)) => Some(element),
+        Some(Slice::Wrong(error)) => {
+            errors.push(error);
+            None
+        }
+        Some(Slice::No) | None => None,
+    };
     let message = match message_param {
         Some(message) => match &*message.pat {
             Pat::Ident(pat) if pat.subpat.is_none() => Some(pat.ident.clone()),
@@ -478,6 +617,7 @@ fn check_signature<'a>(
         message_param: message_param?,
         message: message?,
         output: output?,
+        batch_of,
     })
 }
 
@@ -547,12 +687,99 @@ fn check_lease_signature<'a>(
             None
         }
     };
+    if let Some(param) = first {
+        if !matches!(slice_message(&param.ty), Slice::No) {
+            errors.push(syn::Error::new_spanned(
+                &param.ty,
+                "a lease-mode handler takes one message: a slice of messages makes a batch handler, whose body runs in one database transaction for all of them; take `message: &Message`, or remove `mode = \"lease\"`",
+            ));
+            return None;
+        }
+    }
     Some(Handler {
         context: guard,
         message_param: first?,
         message: message?,
         output: output?,
+        batch_of: None,
     })
+}
+
+/// What a message parameter's type says about batches.
+enum Slice<'a> {
+    /// Not a collection of messages: a per-message handler.
+    No,
+    /// `&[&M]`: a batch handler of messages `M`.
+    Batch(&'a Type),
+    /// A collection of messages in another form than `&[&M]`.
+    Wrong(syn::Error),
+}
+
+/// Recognizes the message parameter of a batch handler, `&[&M]`, and the collections
+/// that were meant as one (`&[M]`, `Vec<M>`, `&Vec<&M>`, ...).
+fn slice_message(ty: &Type) -> Slice<'_> {
+    let wrong = |element: &Type, what: &str| {
+        let element = element.to_token_stream().to_string().replace(' ', "");
+        Slice::Wrong(syn::Error::new_spanned(
+            ty,
+            format!(
+                "{what}: declare the messages as `&[&{element}]`; the body then receives the new messages of the batch, borrowed from the caller's `&[{element}]`"
+            ),
+        ))
+    };
+    let vec_element = |ty: &'_ Type| -> Option<Type> {
+        let Type::Path(path) = ty else {
+            return None;
+        };
+        let segment = path.path.segments.last()?;
+        let syn::PathArguments::AngleBracketed(arguments) = &segment.arguments else {
+            return None;
+        };
+        match (segment.ident == "Vec", arguments.args.first()) {
+            (true, Some(syn::GenericArgument::Type(element))) if arguments.args.len() == 1 => {
+                Some(element.clone())
+            }
+            _ => None,
+        }
+    };
+    let unreferenced = |ty: &Type| -> Type {
+        match ty {
+            Type::Reference(reference) => (*reference.elem).clone(),
+            other => other.clone(),
+        }
+    };
+    match ty {
+        // `&mut [..]` is refused as an exclusive borrow.
+        Type::Reference(reference) if reference.mutability.is_none() => match &*reference.elem {
+            Type::Slice(slice) => match &*slice.elem {
+                Type::Reference(element) if element.mutability.is_none() => {
+                    Slice::Batch(&element.elem)
+                }
+                Type::Reference(element) => wrong(
+                    &element.elem,
+                    "a batch handler only reads its messages, borrowed from the caller",
+                ),
+                element => wrong(
+                    element,
+                    "a batch handler's body receives only the new messages of a batch, so it takes references to them",
+                ),
+            },
+            other => match vec_element(other) {
+                Some(element) => wrong(
+                    &unreferenced(&element),
+                    "a batch handler takes its messages as a slice of references",
+                ),
+                None => Slice::No,
+            },
+        },
+        other => match vec_element(other) {
+            Some(element) => wrong(
+                &unreferenced(&element),
+                "a batch handler takes its messages as a slice of references",
+            ),
+            None => Slice::No,
+        },
+    }
 }
 
 /// Whether `ty` is certainly not a `Result` (an alias of one can have any name, so only
