@@ -12,8 +12,8 @@ use crate::store::{KeyRecord, Statements};
 
 /// The migrations of the status table (`migrations/` of this repository).
 ///
-/// They create `idem_keys` in the current `search_path`; [`Idem::migrate`] applies them in
-/// the configured schema.
+/// They create the table `idem_keys` and the claim function `idem_claim` in the current
+/// `search_path`; [`Idem::migrate`] applies them in the configured schema.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 
 /// The runtime handle that idempotent handlers are called with.

@@ -86,12 +86,11 @@ pub(crate) struct Existing {
 /// What the claim statement found.
 #[derive(Debug)]
 pub(crate) enum Claim {
-    /// This transaction inserted (or took over) the key.
+    /// This transaction inserted the key, or took over a `failed` one.
     Won,
-    /// The key exists; it is not ours.
+    /// The key exists and is not ours: succeeded, parked, held by a lease, or recorded
+    /// with another payload fingerprint.
     Existing(Existing),
-    /// The key was committed by a transaction this statement waited for; read it again.
-    Raced,
 }
 
 fn existing(row: &PgRow) -> Result<Existing, sqlx::Error> {
@@ -139,9 +138,7 @@ fn millis(duration: Duration) -> i64 {
 pub(crate) struct Statements {
     pub begin: String,
     claim: String,
-    read: String,
-    retake: String,
-    restore_lock_timeout: &'static str,
+    claim_lock_timeout_ms: i32,
     table: String,
     record_failure: String,
     record: String,
@@ -165,35 +162,14 @@ impl Statements {
                 "BEGIN; SELECT set_config('idem.saved_lock_timeout', current_setting('lock_timeout'), true); \
                  SET LOCAL lock_timeout = '{lock_timeout_ms}ms'"
             ),
-            // Claim, or read the row that is in the way, in one statement. The winner's row
-            // restores the session's lock timeout for the handler's own statements.
+            // Claim, take over a failed key, or read the row that is in the way: one call
+            // of the function that migration 0002 creates (plans cached per session).
             claim: format!(
-                "WITH claimed AS ( \
-                    INSERT INTO {table} AS k (scope, key, status, attempts, fingerprint) \
-                    VALUES ($1, $2, 'success', 1, $3) \
-                    ON CONFLICT (scope, key) DO NOTHING \
-                    RETURNING k.attempts) \
-                 SELECT true AS won, NULL::text AS status, attempts, NULL::bytea AS fingerprint, \
-                        NULL::jsonb AS result, NULL::text AS last_error, \
-                        set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true) AS restored \
-                 FROM claimed \
-                 UNION ALL \
-                 SELECT false, k.status, k.attempts, k.fingerprint, k.result, k.last_error, NULL \
-                 FROM {table} k \
-                 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT 1 FROM claimed)"
+                "SELECT won, status, attempts, fingerprint, result, last_error \
+                 FROM {schema}.idem_claim($1, $2, $3, $4)",
+                schema = config.schema
             ),
-            read: format!(
-                "SELECT status, attempts, fingerprint, result, last_error FROM {table} \
-                 WHERE scope = $1 AND key = $2"
-            ),
-            // Take over a failed key: the row lock makes concurrent retries queue up, and a
-            // retry that waited re-checks the status it then finds.
-            retake: format!(
-                "UPDATE {table} SET status = 'success', attempts = attempts + 1, updated_at = now() \
-                 WHERE scope = $1 AND key = $2 AND status = 'failed' \
-                 RETURNING attempts"
-            ),
-            restore_lock_timeout: "SELECT set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true)",
+            claim_lock_timeout_ms: i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX),
             // After the handler's transaction rolled back. Never overwrites a success (or a
             // parked key) that another delivery wrote meanwhile.
             record_failure: format!(
@@ -273,45 +249,14 @@ impl Statements {
             .bind(scope)
             .bind(key)
             .bind(fingerprint)
-            .fetch_optional(conn)
+            .bind(self.claim_lock_timeout_ms)
+            .fetch_one(conn)
             .await?;
-        match row {
-            None => Ok(Claim::Raced),
-            Some(row) if row.try_get::<bool, _>("won")? => Ok(Claim::Won),
-            Some(row) => existing(&row).map(Claim::Existing),
+        if row.try_get::<bool, _>("won")? {
+            Ok(Claim::Won)
+        } else {
+            existing(&row).map(Claim::Existing)
         }
-    }
-
-    pub async fn read(
-        &self,
-        conn: &mut PgConnection,
-        scope: &str,
-        key: Uuid,
-    ) -> Result<Option<Existing>, sqlx::Error> {
-        let row = sqlx::query(&self.read)
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(conn)
-            .await?;
-        row.as_ref().map(existing).transpose()
-    }
-
-    /// Takes over a `failed` key; `false` when it is no longer `failed`.
-    pub async fn retake(
-        &self,
-        conn: &mut PgConnection,
-        scope: &str,
-        key: Uuid,
-    ) -> Result<bool, sqlx::Error> {
-        let row = sqlx::query(&self.retake)
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(&mut *conn)
-            .await?;
-        if row.is_some() {
-            sqlx::query(self.restore_lock_timeout).execute(conn).await?;
-        }
-        Ok(row.is_some())
     }
 
     /// The `UPDATE` storing `result`, with its values inlined (hex-encoded, so no value

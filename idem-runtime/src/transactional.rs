@@ -2,17 +2,19 @@
 //!
 //! One transaction per delivery:
 //!
-//! 1. `BEGIN` (with a `SET LOCAL lock_timeout` for the claim, in the same round trip);
-//! 2. claim: `INSERT ... ON CONFLICT DO NOTHING` of the key as `success`, or, on conflict,
-//!    a plain read of the row in the way, in one statement. A concurrent claim of the same
-//!    key waits inside its `INSERT` until this transaction ends;
+//! 1. `BEGIN`;
+//! 2. claim: one call of `idem_claim` (a PL/pgSQL function that migration 0002 creates, so
+//!    its statements' plans are cached per session): `INSERT ... ON CONFLICT DO NOTHING` of
+//!    the key as `success`, a takeover of a `failed` key, or else a plain read of the row
+//!    in the way. A concurrent claim of the same key waits inside its `INSERT` until this
+//!    transaction ends, at most the configured lock timeout;
 //! 3. the body, on the same connection;
 //! 4. the result, where there is one to store (`UPDATE` of the row claimed in step 2);
 //! 5. `COMMIT`: the business effects and the key's `success` become visible together.
 //!
 //! A row found in step 2 decides without running the body: `success` is a duplicate
 //! (its stored result is replayed; no lock, no write), `parked` is refused, `failed` is
-//! taken over with a row lock and retried. When the body fails, the transaction rolls
+//! taken over (with a row lock) inside the claim. When the body fails, the transaction rolls
 //! back and the failure is recorded by a statement of its own that never overwrites a
 //! `success` written meanwhile: the happy path pays nothing for the failure path.
 
@@ -114,7 +116,7 @@ where
     }
 
     loop {
-        let mut tx = idem.pool().begin_with(statements.begin.clone()).await?;
+        let mut tx = idem.pool().begin().await?;
         match claim(idem, &mut tx, scope, key, fingerprint).await {
             Ok(Claimed::Owned) => {}
             Ok(Claimed::Found(existing)) => {
@@ -199,35 +201,21 @@ async fn claim(
     key: IdempotencyKey,
     fingerprint: Option<&[u8]>,
 ) -> Result<Claimed, sqlx::Error> {
-    let statements = idem.statements();
-    let uuid = key.as_uuid();
-    let mut claim = statements.claim(conn, scope, uuid, fingerprint).await?;
-    loop {
-        let existing = match claim {
-            Claim::Won => return Ok(Claimed::Owned),
-            Claim::Existing(existing) => existing,
-            Claim::Raced => match statements.read(conn, scope, uuid).await? {
-                Some(existing) => existing,
-                // The key is gone again (purged): claim it afresh.
-                None => {
-                    claim = statements.claim(conn, scope, uuid, fingerprint).await?;
-                    continue;
-                }
-            },
-        };
-        let mismatch = matches!((fingerprint, &existing.fingerprint), (Some(ours), Some(theirs)) if ours != theirs.as_slice());
-        if mismatch {
-            return Ok(Claimed::Mismatch);
+    let claim = idem
+        .statements()
+        .claim(conn, scope, key.as_uuid(), fingerprint)
+        .await?;
+    Ok(match claim {
+        Claim::Won => Claimed::Owned,
+        Claim::Existing(existing) => {
+            let mismatch = matches!((fingerprint, &existing.fingerprint), (Some(ours), Some(theirs)) if ours != theirs.as_slice());
+            if mismatch {
+                Claimed::Mismatch
+            } else {
+                Claimed::Found(existing)
+            }
         }
-        if existing.status != Status::Failed {
-            return Ok(Claimed::Found(existing));
-        }
-        if statements.retake(conn, scope, uuid).await? {
-            return Ok(Claimed::Owned);
-        }
-        // Another delivery finished the key while this one waited for its row lock.
-        claim = Claim::Raced;
-    }
+    })
 }
 
 pub(crate) fn decide<T, E, C: ResultCodec<T>>(
