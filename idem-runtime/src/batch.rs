@@ -45,9 +45,10 @@
 //! statement, which decides all keys in one round trip anyway; the one-by-one pass after a
 //! rollback uses it as [`transactional::run`](crate::transactional::run()) does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 
+use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row, Transaction};
 use uuid::Uuid;
 
@@ -438,6 +439,14 @@ enum Fallback {
     Database(#[from] sqlx::Error),
 }
 
+/// An array column of the claim's row: empty when the aggregate had no rows (NULL).
+fn column<T>(row: &PgRow, name: &str) -> Result<Vec<T>, sqlx::Error>
+where
+    Vec<T>: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+{
+    Ok(row.try_get::<Option<Vec<T>>, _>(name)?.unwrap_or_default())
+}
+
 /// The batch transaction after the claim of its keys.
 struct Claim<T, E> {
     tx: Transaction<'static, Postgres>,
@@ -473,52 +482,73 @@ async fn claim<T, E, C: ResultCodec<T>>(
         .pool()
         .begin_with(idem.statements().begin.clone())
         .await?;
-    let rows = sqlx::query(&format!(
+    // Only the keys in the way come back, as arrays in one row (an aggregate always
+    // yields one): the happy path returns no row data, and the session's lock timeout is
+    // restored once, for the body.
+    let row = sqlx::query(&format!(
         "WITH input AS ( \
             SELECT * FROM unnest($2::uuid[], $3::bytea[]) AS i(key, fingerprint)), \
          claimed AS ( \
             INSERT INTO {table} (scope, key, status, attempts, fingerprint) \
             SELECT $1, key, 'success', 1, fingerprint FROM input ORDER BY key \
             ON CONFLICT (scope, key) DO NOTHING \
-            RETURNING key) \
-         SELECT i.key, c.key IS NOT NULL AS won, k.status, k.attempts, k.fingerprint, k.result, \
-                k.last_error, \
-                set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true) AS restored \
-         FROM input i \
-         LEFT JOIN claimed c ON c.key = i.key \
-         LEFT JOIN {table} k ON c.key IS NULL AND k.scope = $1 AND k.key = i.key"
+            RETURNING key), \
+         lost AS ( \
+            SELECT i.key FROM input i WHERE NOT EXISTS (SELECT FROM claimed c WHERE c.key = i.key)) \
+         SELECT set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true) AS restored, \
+                array_agg(l.key) AS keys, array_agg(k.status) AS statuses, \
+                array_agg(k.attempts) AS attempts, array_agg(k.fingerprint) AS fingerprints, \
+                array_agg(k.result) AS results, array_agg(k.last_error) AS last_errors \
+         FROM lost l \
+         LEFT JOIN {table} k ON k.scope = $1 AND k.key = l.key"
     ))
     .bind(scope)
     .bind(&keys)
     .bind(&fingerprints)
-    .fetch_all(&mut *tx)
+    .fetch_one(&mut *tx)
     .await?;
 
+    let lost: Vec<Uuid> = column(&row, "keys")?;
+    if lost.is_empty() {
+        return Ok(Some(Claim {
+            tx,
+            owned: to_claim.to_vec(),
+            decided: Vec::new(),
+        }));
+    }
+    let statuses: Vec<Option<String>> = column(&row, "statuses")?;
+    let attempts: Vec<Option<i32>> = column(&row, "attempts")?;
+    let stored_fingerprints: Vec<Option<Vec<u8>>> = column(&row, "fingerprints")?;
+    let results: Vec<Option<serde_json::Value>> = column(&row, "results")?;
+    let last_errors: Vec<Option<String>> = column(&row, "last_errors")?;
     let position: HashMap<Uuid, usize> = to_claim
         .iter()
         .map(|&index| (keyed(index).0.as_uuid(), index))
         .collect();
-    let mut owned = Vec::new();
+    let mut in_the_way = HashSet::with_capacity(lost.len());
     let mut failed = Vec::new();
     let mut decided = Vec::new();
-    for row in rows {
-        let key: Uuid = row.try_get("key")?;
+    let rows = lost
+        .into_iter()
+        .zip(statuses)
+        .zip(attempts)
+        .zip(stored_fingerprints)
+        .zip(results)
+        .zip(last_errors);
+    for (((((key, status), attempts), stored_fingerprint), result), last_error) in rows {
         let index = position[&key];
+        in_the_way.insert(index);
         let (idempotency_key, fingerprint) = keyed(index);
-        if row.try_get::<bool, _>("won")? {
-            owned.push(index);
-            continue;
-        }
-        let Some(status) = row.try_get::<Option<&str>, _>("status")? else {
+        let Some(status) = status else {
             // Committed by a transaction this claim waited for: decide it on its own.
             return Err(Fallback::Database(sqlx::Error::RowNotFound));
         };
         let existing = Existing {
-            status: Status::parse(status)?,
-            attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
-            fingerprint: row.try_get("fingerprint")?,
-            result: row.try_get("result")?,
-            last_error: row.try_get("last_error")?,
+            status: Status::parse(&status)?,
+            attempts: attempts.and_then(|n| u32::try_from(n).ok()).unwrap_or(0),
+            fingerprint: stored_fingerprint,
+            result,
+            last_error,
         };
         let mismatch = matches!((fingerprint, &existing.fingerprint), (Some(ours), Some(theirs)) if ours.as_slice() != theirs.as_slice());
         if mismatch {
@@ -537,6 +567,11 @@ async fn claim<T, E, C: ResultCodec<T>>(
             ));
         }
     }
+    let mut owned: Vec<usize> = to_claim
+        .iter()
+        .copied()
+        .filter(|index| !in_the_way.contains(index))
+        .collect();
     if !failed.is_empty() {
         let failed_keys: Vec<Uuid> = failed.iter().map(|&i| keyed(i).0.as_uuid()).collect();
         let retaken: Vec<Uuid> = sqlx::query_scalar(&format!(
