@@ -1,7 +1,8 @@
 //! idem's benchmark suite: the same business write per message, bare, through the article's
 //! algorithm written by hand and through `#[idempotent]`, side by side in one run against
-//! the local PostgreSQL; batches, lease mode, duplicate storms with and without the Redis
-//! cache (feature `redis`); plus round trips per message and the status table's size.
+//! the local PostgreSQL; batches (a body per message, and a batch handler's one body per
+//! batch), lease mode, duplicate storms with and without the Redis cache (feature
+//! `redis`); plus round trips per message and the status table's size.
 //!
 //! ```text
 //! cargo bench --bench suite --features redis     # full run (about 10 minutes)
@@ -146,6 +147,7 @@ impl Settings {
                 Scenario::IdemDup,
                 Scenario::Batch500,
                 Scenario::BareBatch500,
+                Scenario::BatchBulk500,
                 Scenario::Lease,
                 Scenario::Storm,
             ];

@@ -309,7 +309,7 @@ pub struct Report {
 /// The ratios that the report prints: (numerator, denominator, goal for a sync setting
 /// and concurrency).
 type Goal = fn(SyncCommit, usize) -> Option<f64>;
-const RATIOS: [(Scenario, Scenario, Goal); 16] = [
+const RATIOS: [(Scenario, Scenario, Goal); 18] = [
     (Scenario::Idem, Scenario::Bare, |sync, c| {
         (sync == SyncCommit::On && c == 16).then_some(0.75)
     }),
@@ -330,6 +330,14 @@ const RATIOS: [(Scenario, Scenario, Goal); 16] = [
     (Scenario::Batch10, Scenario::Idem, |_, _| None),
     (Scenario::Batch500, Scenario::BareBatch500, |sync, c| {
         (sync == SyncCommit::On && c == 4).then_some(0.6)
+    }),
+    // The batch handler (one body run, one multi-row insert per batch) against the bare
+    // batch, and against the same messages one by one.
+    (Scenario::BatchBulk500, Scenario::BareBatch500, |sync, c| {
+        (sync == SyncCommit::On && c == 4).then_some(0.6)
+    }),
+    (Scenario::BatchBulk500, Scenario::Idem, |sync, c| {
+        (sync == SyncCommit::On && c == 4).then_some(10.0)
     }),
     (Scenario::BareBatch500, Scenario::Bare, |_, _| None),
     (Scenario::Lease, Scenario::Bare, |_, _| None),

@@ -53,6 +53,9 @@ pub enum Scenario {
     /// The reference of batches: `BEGIN; INSERT ... SELECT FROM unnest(...); COMMIT` for
     /// 500 messages, no idempotency.
     BareBatch500,
+    /// A batch handler (message parameter `&[&OrderEvent]`), batches of 500 new messages:
+    /// the body writes them with one multi-row insert.
+    BatchBulk500,
     /// `#[idempotent(mode = "lease")]`, new messages, the body an external call (no write).
     Lease,
     /// Duplicate storm through PostgreSQL only: every message delivered 4 times.
@@ -80,7 +83,7 @@ impl From<Scenario> for &'static str {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 16] = [
+    pub const ALL: [Scenario; 17] = [
         Scenario::Bare,
         Scenario::Article,
         Scenario::Idem,
@@ -91,6 +94,7 @@ impl Scenario {
         Scenario::Batch100,
         Scenario::Batch500,
         Scenario::BareBatch500,
+        Scenario::BatchBulk500,
         Scenario::Lease,
         Scenario::Storm,
         Scenario::IdemRedis,
@@ -119,6 +123,7 @@ impl Scenario {
             Scenario::Batch100 => "batch-100",
             Scenario::Batch500 => "batch-500",
             Scenario::BareBatch500 => "bare-batch-500",
+            Scenario::BatchBulk500 => "batch-bulk-500",
             Scenario::Lease => "lease",
             Scenario::Storm => "storm",
             Scenario::IdemRedis => "idem-redis",
@@ -147,6 +152,9 @@ impl Scenario {
             Scenario::Batch500 => "#[idempotent(batch = true)], batches of 500 new messages",
             Scenario::BareBatch500 => {
                 "BEGIN; INSERT 500 business rows FROM unnest(...); COMMIT (no idempotency)"
+            }
+            Scenario::BatchBulk500 => {
+                "#[idempotent] batch handler (events: &[&OrderEvent]), batches of 500 new messages written by one INSERT FROM unnest(...)"
             }
             Scenario::Lease => {
                 "#[idempotent(mode = \"lease\")], new message, body an external call (no database write)"
@@ -178,7 +186,7 @@ impl Scenario {
         match self {
             Scenario::Batch10 => 10,
             Scenario::Batch100 => 100,
-            Scenario::Batch500 | Scenario::BareBatch500 => 500,
+            Scenario::Batch500 | Scenario::BareBatch500 | Scenario::BatchBulk500 => 500,
             _ => 1,
         }
     }
@@ -239,6 +247,16 @@ pub(crate) async fn apply_batched(
     Ok(())
 }
 
+/// A batch handler over the same key and scope: the body writes all new messages of a
+/// batch with one statement, as [`bare_batch`] does.
+#[idempotent(key = "order_id, event_type", scope = "bench_apply")]
+pub(crate) async fn apply_bulk(
+    tx: &mut PgConnection,
+    events: &[&OrderEvent],
+) -> Result<(), sqlx::Error> {
+    insert_batch(tx, events.iter().copied()).await
+}
+
 /// Lease mode: the body stands for a call to an external system.
 #[idempotent(
     key = "order_id, event_type",
@@ -277,10 +295,20 @@ async fn bare(pool: &PgPool, event: &OrderEvent) -> Result<(), sqlx::Error> {
 
 /// The bare batch: one transaction, one multi-row insert, one commit.
 async fn bare_batch(pool: &PgPool, events: &[OrderEvent]) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    insert_batch(&mut tx, events).await?;
+    tx.commit().await
+}
+
+/// The business write of the batch scenarios: one row per event, one statement.
+async fn insert_batch<'e>(
+    conn: &mut PgConnection,
+    events: impl IntoIterator<Item = &'e OrderEvent>,
+) -> Result<(), sqlx::Error> {
+    let events: Vec<&OrderEvent> = events.into_iter().collect();
     let ids: Vec<&str> = events.iter().map(|e| e.order_id.as_str()).collect();
     let types: Vec<&str> = events.iter().map(|_| "paid").collect();
     let amounts: Vec<i64> = events.iter().map(|e| e.amount_cents).collect();
-    let mut tx = pool.begin().await?;
     sqlx::query(
         "INSERT INTO order_effects (order_id, event_type, amount_cents) \
          SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])",
@@ -288,9 +316,9 @@ async fn bare_batch(pool: &PgPool, events: &[OrderEvent]) -> Result<(), sqlx::Er
     .bind(&ids)
     .bind(&types)
     .bind(&amounts)
-    .execute(&mut *tx)
+    .execute(conn)
     .await?;
-    tx.commit().await
+    Ok(())
 }
 
 /// The article's algorithm the obvious way. Returns whether the body ran.
@@ -386,6 +414,14 @@ impl Cell {
                 for outcome in apply_batched_batch(&self.idem, &events).await {
                     let outcome = outcome.map_err(|e| e.to_string())?;
                     expect(matches!(outcome, Outcome::Executed(_)), true)?;
+                }
+                return Ok(events.len() as u64);
+            }
+            Scenario::BatchBulk500 => {
+                let events = batch(self.scenario.batch_size());
+                for outcome in apply_bulk(&self.idem, &events).await {
+                    let outcome = outcome.map_err(|e| e.to_string())?;
+                    expect(matches!(outcome, Outcome::Executed(())), true)?;
                 }
                 return Ok(events.len() as u64);
             }
