@@ -263,15 +263,16 @@ impl Args {
                 "a batch handler stores no result: its body runs once for all the new messages of a batch and returns `Result<(), E>`; remove `store_result`",
             ));
         }
-        let cache_span = match (&self.cache, &self.cache_ttl) {
-            (Some(flag), _) => Some(flag.span),
-            (None, Some((_, literal))) => Some(literal.span()),
+        let cache = match (&self.cache, &self.cache_ttl) {
+            (Some(flag), None) => Some((flag.span, "`cache`")),
+            (Some(flag), Some(_)) => Some((flag.span, "`cache` and `cache_ttl`")),
+            (None, Some((_, literal))) => Some((literal.span(), "`cache_ttl`")),
             (None, None) => None,
         };
-        if let Some(span) = cache_span {
+        if let Some((span, arguments)) = cache {
             self.errors.push(syn::Error::new(
                 span,
-                "a batch handler does not use the Redis cache: one statement decides all the keys of a batch in PostgreSQL; remove `cache` and `cache_ttl`",
+                format!("a batch handler does not use the Redis cache: one statement decides all the keys of a batch in PostgreSQL; remove {arguments}"),
             ));
         }
     }

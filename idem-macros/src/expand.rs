@@ -584,7 +584,7 @@ fn check_signature<'a>(
         }
     };
     let message_param = typed.next();
-    let batch_of = match message_param.map(|param| slice_message(&param.ty)) {
+    let batch_of = match message_param.map(|param| slice_message(param)) {
         Some(Slice::Batch(element)) => Some(element),
         Some(Slice::Wrong(error)) => {
             errors.push(error);
@@ -688,7 +688,7 @@ fn check_lease_signature<'a>(
         }
     };
     if let Some(param) = first {
-        if !matches!(slice_message(&param.ty), Slice::No) {
+        if !matches!(slice_message(param), Slice::No) {
             errors.push(syn::Error::new_spanned(
                 &param.ty,
                 "a lease-mode handler takes one message: a slice of messages makes a batch handler, whose body runs in one database transaction for all of them; take `message: &Message`, or remove `mode = \"lease\"`",
@@ -717,13 +717,18 @@ enum Slice<'a> {
 
 /// Recognizes the message parameter of a batch handler, `&[&M]`, and the collections
 /// that were meant as one (`&[M]`, `Vec<M>`, `&Vec<&M>`, ...).
-fn slice_message(ty: &Type) -> Slice<'_> {
+fn slice_message(param: &PatType) -> Slice<'_> {
+    let ty = &*param.ty;
     let wrong = |element: &Type, what: &str| {
         let element = element.to_token_stream().to_string().replace(' ', "");
+        let name = match &*param.pat {
+            Pat::Ident(pat) => pat.ident.to_string(),
+            _ => "messages".to_owned(),
+        };
         Slice::Wrong(syn::Error::new_spanned(
             ty,
             format!(
-                "{what}: declare the messages as `&[&{element}]`; the body then receives the new messages of the batch, borrowed from the caller's `&[{element}]`"
+                "{what}: declare `{name}: &[&{element}]` (the generated function takes the whole batch as `&[{element}]`)"
             ),
         ))
     };
@@ -757,11 +762,11 @@ fn slice_message(ty: &Type) -> Slice<'_> {
                 }
                 Type::Reference(element) => wrong(
                     &element.elem,
-                    "a batch handler only reads its messages, borrowed from the caller",
+                    "a batch handler cannot change its messages: its body gets shared references to the new messages of the batch",
                 ),
                 element => wrong(
                     element,
-                    "a batch handler's body receives only the new messages of a batch, so it takes references to them",
+                    "the body of a batch handler receives references to the new messages of the batch, not the messages themselves",
                 ),
             },
             other => match vec_element(other) {

@@ -1,0 +1,14 @@
+use idem_runtime::idempotent;
+use sqlx::PgConnection;
+
+struct OrderEvent {
+    order_id: String,
+}
+
+#[idempotent(key = "order_id", cache_ttl = "10m")]
+async fn record_orders(tx: &mut PgConnection, events: &[&OrderEvent]) -> Result<(), sqlx::Error> {
+    let _ = (tx, events.iter().map(|e| &e.order_id).count());
+    Ok(())
+}
+
+fn main() {}

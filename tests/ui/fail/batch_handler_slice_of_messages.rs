@@ -1,0 +1,15 @@
+use idem_runtime::idempotent;
+use sqlx::PgConnection;
+
+struct OrderEvent {
+    order_id: String,
+}
+
+// The body receives the new messages only: references into the caller's slice.
+#[idempotent(key = "order_id")]
+async fn record_orders(tx: &mut PgConnection, events: &[OrderEvent]) -> Result<(), sqlx::Error> {
+    let _ = (tx, events.iter().map(|e| &e.order_id).count());
+    Ok(())
+}
+
+fn main() {}

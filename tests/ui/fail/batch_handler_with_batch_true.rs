@@ -1,0 +1,15 @@
+use idem_runtime::idempotent;
+use sqlx::PgConnection;
+
+struct OrderEvent {
+    order_id: String,
+}
+
+// `batch = true` adds `<handler>_batch` to a handler of one message.
+#[idempotent(key = "order_id", batch = true)]
+async fn record_orders(tx: &mut PgConnection, events: &[&OrderEvent]) -> Result<(), sqlx::Error> {
+    let _ = (tx, events.iter().map(|e| &e.order_id).count());
+    Ok(())
+}
+
+fn main() {}
