@@ -12,6 +12,12 @@ use quote::ToTokens;
 
 /// Makes an async handler idempotent over PostgreSQL. See `idem_runtime` for the arguments,
 /// the generated code and the guarantees.
+///
+/// A handler whose message parameter is a slice of references (`events: &[&Message]`) is
+/// a batch handler: the generated function takes `(&Idem, &[Message], ...)`, claims all
+/// keys at once and runs the body once with the new messages (`idem_runtime`'s "Batch
+/// handlers"). `batch = true` instead adds `<handler>_batch` to a handler of one message,
+/// running its body once per new message.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut parsed = attr::Args::default();

@@ -260,8 +260,9 @@ where
 ///     &SPEC,
 ///     events,
 ///     |event| Ok((KeyBuilder::new().part("order_id", &event.order_id)?.finish(), None)),
-///     |mut tx, new: Vec<&OrderEvent>| async move {
-///         let ids: Vec<&str> = new.iter().map(|e| e.order_id.as_str()).collect();
+///     // `new`: the claimed messages, a `Vec<&OrderEvent>` in message order.
+///     |mut tx, new| async move {
+///         let ids: Vec<&str> = new.iter().map(|e: &&OrderEvent| e.order_id.as_str()).collect();
 ///         let amounts: Vec<i64> = new.iter().map(|e| e.amount_cents).collect();
 ///         let result: Result<(), sqlx::Error> = sqlx::query(
 ///             "INSERT INTO orders (id, amount_cents) SELECT * FROM unnest($1::text[], $2::bigint[])",

@@ -80,7 +80,77 @@
 //!   must not move out of them.
 //! - With `mode = "lease"` the handler takes an optional `lease: &Lease` guard instead of
 //!   the connection and calls [`lease::run`]; with `batch = true` a second function
-//!   `<handler>_batch(&Idem, &[Message], ...)` calls [`batch::run`].
+//!   `<handler>_batch(&Idem, &[Message], ...)` calls [`batch::run`], which runs the body
+//!   once per new message of the batch.
+//! - A handler whose message parameter is a slice of references, `&[&Message]`, is a
+//!   *batch handler* (below): it becomes `handler(&Idem, &[Message], ...)` and calls
+//!   [`batch::run_bulk`].
+//!
+//! # Batch handlers
+//!
+//! When the body can write many messages at once (one multi-row `INSERT` for the whole
+//! batch), take the messages as a slice: the body then runs **once per batch**, with the
+//! messages whose keys are new, in the order of the batch.
+//!
+//! ```no_run
+//! use idem_runtime::{idempotent, Idem, Outcome};
+//! use sqlx::PgConnection;
+//!
+//! struct OrderEvent {
+//!     order_id: String,
+//!     event_type: String,
+//!     amount_cents: i64,
+//! }
+//!
+//! #[idempotent(key = "order_id, event_type", fingerprint = "amount_cents")]
+//! async fn record_orders(tx: &mut PgConnection, events: &[&OrderEvent]) -> Result<(), sqlx::Error> {
+//!     let ids: Vec<&str> = events.iter().map(|e| e.order_id.as_str()).collect();
+//!     let types: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+//!     let amounts: Vec<i64> = events.iter().map(|e| e.amount_cents).collect();
+//!     sqlx::query(
+//!         "INSERT INTO order_effects (order_id, event_type, amount_cents) \
+//!          SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])",
+//!     )
+//!     .bind(&ids)
+//!     .bind(&types)
+//!     .bind(&amounts)
+//!     .execute(&mut *tx)
+//!     .await?;
+//!     Ok(())
+//! }
+//!
+//! # async fn consume(idem: &Idem, batch: &[OrderEvent]) {
+//! // The whole batch in, one outcome per message out, in order.
+//! let outcomes = record_orders(idem, batch).await;
+//! for (event, outcome) in batch.iter().zip(outcomes) {
+//!     match outcome {
+//!         Ok(Outcome::Executed(())) => println!("{}: recorded", event.order_id),
+//!         Ok(Outcome::Duplicate(_)) => println!("{}: recorded before", event.order_id),
+//!         Err(error) => println!("{}: {error} ({:?})", event.order_id, error.disposition()),
+//!     }
+//! }
+//! # }
+//! ```
+//!
+//! - The slice parameter makes the batch handler: no argument is needed. It must be
+//!   `&[&Message]` (the body gets the new messages only, borrowed from the caller's
+//!   `&[Message]`); `&[Message]`, `Vec<..>` or a lease-mode batch handler are compile
+//!   errors that say so.
+//! - `key` and `fingerprint` name fields of `Message`, checked at compile time; each
+//!   message is keyed, fingerprinted and decided on its own. Duplicates (in the table or
+//!   earlier in the same batch), parked keys, payload mismatches and key errors never
+//!   reach the body; when no message is new, the body does not run and nothing is
+//!   written. `scope`, `max_attempts` and the parameters after the slice work as for a
+//!   handler of one message.
+//! - The handler returns `Result<(), E>`: one body run covers many messages, so there is
+//!   no value per message to return or to replay, and duplicates get
+//!   `Outcome::Duplicate(None)`. Another `Ok` type is a compile error, and so are
+//!   `store_result`, `batch = true`, `cache` and `cache_ttl`. For a value per message,
+//!   write a handler of one message with `batch = true`.
+//! - All keys are claimed in one statement and everything commits once. If the body
+//!   fails, the batch rolls back and its new messages are processed one at a time (the
+//!   body receiving a slice of one), so that only the failing message records its
+//!   failure: see [`batch`].
 //!
 //! # Attribute arguments
 //!
@@ -92,7 +162,7 @@
 //! | `max_attempts = 3` | failed attempts before the key is parked (default: the runtime's, 5) |
 //! | `store_result = false` | do not store the result; duplicates get `Outcome::Duplicate(None)` and the result type need not be serde |
 //! | `mode = "lease"`, `lease = "30s"` | lease mode, for effects outside the database: see [`lease`] |
-//! | `batch = true` | also generate `<handler>_batch` over a slice of messages: see [`batch`] |
+//! | `batch = true` | also generate `<handler>_batch` over a slice of messages, running the body once per new message: see [`batch`]. A batch handler (message parameter `&[&Message]`, see [above](#batch-handlers)) needs no argument and runs its body once per batch |
 //! | `cache = false`, `cache_ttl = "30m"` | feature `redis`: this handler skips the Redis cache of duplicates, or keeps its entries that long (default: the handle's TTL); see [`cache`]. Without the feature, a compile error names it |
 //! | `crate = "path"` | where `idem_runtime` is, when the dependency is renamed |
 //!
