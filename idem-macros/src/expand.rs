@@ -4,7 +4,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, ItemFn, Pat, PatType, ReturnType, Type};
+use syn::{FnArg, Ident, ItemFn, Pat, PatType, ReturnType, Signature, Type};
 
 use crate::attr::{Args, CacheArg, FieldList, Mode};
 
@@ -141,22 +141,8 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         }
         other => vec![other.to_token_stream()],
     });
-    let signature = {
-        let (constness, asyncness, unsafety, abi, fn_token, ident, generics) = (
-            &sig.constness,
-            &sig.asyncness,
-            &sig.unsafety,
-            &sig.abi,
-            &sig.fn_token,
-            &sig.ident,
-            &sig.generics,
-        );
-        let where_clause = &generics.where_clause;
-        quote! {
-            #constness #asyncness #unsafety #abi #fn_token #ident #generics (#(#inputs),*)
-                -> #private::Handled<#output> #where_clause
-        }
-    };
+    let signature =
+        rewritten_signature(sig, &sig.ident, inputs, quote!(#private::Handled<#output>));
     // Locals of the generated code, invisible to the user's body.
     let [spec, derived, key, fingerprint, error, transaction, result] = [
         "SPEC",
@@ -290,11 +276,13 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             FnArg::Typed(typed) if !is_context(typed) => clone_if_owned(typed),
             _ => None,
         });
-        let (constness, asyncness, unsafety, abi, fn_token, generics) = (
-            &sig.constness, &sig.asyncness, &sig.unsafety, &sig.abi, &sig.fn_token, &sig.generics,
-        );
-        let where_clause = &generics.where_clause;
         let name = Ident::new(&format!("{}_batch", sig.ident), sig.ident.span());
+        let signature = rewritten_signature(
+            sig,
+            &name,
+            inputs,
+            quote!(::std::vec::Vec<#private::Handled<#output>>),
+        );
         let doc = format!(
             "The batch variant of [`{}`]: claims the keys of all `messages` in one statement, runs the body for the new ones and commits once. Returns one outcome per message, in order.",
             sig.ident
@@ -322,8 +310,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         let run_batch_call = call_at(&quote!(#private::run_batch), run_batch_args, first);
         quote! {
             #[doc = #doc]
-            #vis #constness #asyncness #unsafety #abi #fn_token #name #generics (#(#inputs),*)
-                -> ::std::vec::Vec<#private::Handled<#output>> #where_clause
+            #vis #signature
             {
                 const #spec: #private::HandlerSpec = #private::HandlerSpec {
                     scope: #scope,
@@ -435,20 +422,15 @@ impl BatchHandler<'_> {
             },
         };
         let call = call_at(&quote!(#private::run_batch_handler), run_args, first);
-        let (constness, asyncness, unsafety, abi, fn_token, ident, generics) = (
-            &sig.constness,
-            &sig.asyncness,
-            &sig.unsafety,
-            &sig.abi,
-            &sig.fn_token,
+        let signature = rewritten_signature(
+            sig,
             &sig.ident,
-            &sig.generics,
+            inputs,
+            quote!(::std::vec::Vec<#private::Handled<#output>>),
         );
-        let where_clause = &generics.where_clause;
         quote! {
             #(#attrs)*
-            #vis #constness #asyncness #unsafety #abi #fn_token #ident #generics (#(#inputs),*)
-                -> ::std::vec::Vec<#private::Handled<#output>> #where_clause
+            #vis #signature
             {
                 #spec_item
                 #call
@@ -459,6 +441,30 @@ impl BatchHandler<'_> {
 
 /// `runner(args).await` with `runner`, the parentheses and the `.await` spanned on `span`:
 /// a bound of the runner, required by both the call and the `.await`, fails once, there.
+/// The generated function's signature: the handler's qualifiers and generics with the
+/// given name, parameters and return type.
+fn rewritten_signature(
+    sig: &Signature,
+    name: &Ident,
+    inputs: impl Iterator<Item = TokenStream>,
+    output: TokenStream,
+) -> TokenStream {
+    let Signature {
+        constness,
+        asyncness,
+        unsafety,
+        abi,
+        fn_token,
+        generics,
+        ..
+    } = sig;
+    let where_clause = &generics.where_clause;
+    quote! {
+        #constness #asyncness #unsafety #abi #fn_token #name #generics (#(#inputs),*)
+            -> #output #where_clause
+    }
+}
+
 fn call_at(runner: &TokenStream, args: TokenStream, span: Span) -> TokenStream {
     let runner = respan(runner, span);
     let mut args = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, args);
