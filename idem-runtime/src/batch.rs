@@ -202,25 +202,10 @@ where
         run_each(idem, spec, tx, messages, owned, derived, codec, each)
     })
     .await;
-    let outcomes = match pass {
-        Pass::Committed(outcomes) => outcomes,
-        Pass::OneByOne {
-            retry,
-            mut decided,
-            reason,
-        } => {
-            log_fallback(spec, &retry, &reason);
-            for index in retry {
-                let (key, fingerprint) = keyed(index);
-                let message = &messages[index];
-                let outcome =
-                    transactional::run(idem, spec, key, fingerprint, codec, |tx| body(tx, message))
-                        .await;
-                decided.push((index, outcome));
-            }
-            decided
-        }
-    };
+    let outcomes = settle(idem, spec, pass, &keyed, codec, |tx, index| {
+        body(tx, &messages[index])
+    })
+    .await;
     planned.decide(outcomes);
     planned.finish(&codec)
 }
@@ -313,26 +298,10 @@ where
         move |tx, owned| run_once(tx, messages, owned, once),
     )
     .await;
-    let outcomes = match pass {
-        Pass::Committed(outcomes) => outcomes,
-        Pass::OneByOne {
-            retry,
-            mut decided,
-            reason,
-        } => {
-            log_fallback(spec, &retry, &reason);
-            for index in retry {
-                let (key, fingerprint) = keyed(index);
-                let message = &messages[index];
-                let outcome = transactional::run(idem, spec, key, fingerprint, NoResult, |tx| {
-                    body(tx, vec![message])
-                })
-                .await;
-                decided.push((index, outcome));
-            }
-            decided
-        }
-    };
+    let outcomes = settle(idem, spec, pass, &keyed, NoResult, |tx, index| {
+        body(tx, vec![&messages[index]])
+    })
+    .await;
     planned.decide(outcomes);
     planned.finish(&NoResult)
 }
@@ -391,13 +360,45 @@ where
         },
     }
 }
-fn log_fallback(spec: &HandlerSpec, retry: &[usize], reason: &Fallback) {
+
+/// The outcomes of the messages the batch pass handled: as committed, or, when the batch
+/// rolled back, each message in `retry` run on its own by [`transactional::run`], its body
+/// given by `one` (the transaction and the message's index).
+async fn settle<T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    pass: Pass<T, E>,
+    keyed: &impl Fn(usize) -> Derived,
+    codec: C,
+    mut one: F,
+) -> Vec<Indexed<T, E>>
+where
+    C: ResultCodec<T> + Copy,
+    E: HandlerError,
+    F: FnMut(Transaction<'static, Postgres>, usize) -> Fut,
+    Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
+{
+    let (retry, mut decided, reason) = match pass {
+        Pass::Committed(outcomes) => return outcomes,
+        Pass::OneByOne {
+            retry,
+            decided,
+            reason,
+        } => (retry, decided, reason),
+    };
     tracing::debug!(
         scope = spec.scope,
         messages = retry.len(),
         reason = %reason,
         "batch rolled back; processing its messages one by one"
     );
+    for index in retry {
+        let (key, fingerprint) = keyed(index);
+        let outcome =
+            transactional::run(idem, spec, key, fingerprint, codec, |tx| one(tx, index)).await;
+        decided.push((index, outcome));
+    }
+    decided
 }
 
 /// A duplicate's copy of a value, through the codec (as a duplicate from the table gets it).
