@@ -163,7 +163,7 @@ impl Statements {
                  SET LOCAL lock_timeout = '{lock_timeout_ms}ms'"
             ),
             // Claim, take over a failed key, or read the row that is in the way: one call
-            // of the function that migration 0002 creates (plans cached per session).
+            // of the function that migrations 0002 and 0004 create (plans cached per session).
             claim: format!(
                 "SELECT won, status, attempts, fingerprint, result, last_error \
                  FROM {schema}.idem_claim($1, $2, $3, $4)",

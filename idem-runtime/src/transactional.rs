@@ -3,7 +3,7 @@
 //! One transaction per delivery:
 //!
 //! 1. `BEGIN`;
-//! 2. claim: one call of `idem_claim` (a PL/pgSQL function that migration 0002 creates, so
+//! 2. claim: one call of `idem_claim` (a PL/pgSQL function, migrations 0002 and 0004, so
 //!    its statements' plans are cached per session): `INSERT ... ON CONFLICT DO NOTHING` of
 //!    the key as `success`, a takeover of a `failed` key, or else a plain read of the row
 //!    in the way. A concurrent claim of the same key waits inside its `INSERT` until this
