@@ -10,6 +10,7 @@
 //! IDEM_BENCH_QUICK=1 cargo bench --bench suite   # smoke run (well under a minute)
 //! cargo bench --bench suite -- idem bare         # only these scenarios
 //! cargo bench --bench suite -- memory            # 1,000,000 messages through batches: peak RSS
+//! bash benches/ceilings/run.sh                   # the same SQL through pgbench: the ratios' ceilings
 //! ```
 //!
 //! Settings (environment variable, or `--name=value` after `--`):
