@@ -33,8 +33,14 @@ psql -d "$database" -qc "TRUNCATE order_effects, article_messages, idem.idem_key
 
 # Transactions per second of one script: tps <script> <clients> <synchronous_commit>
 tps() {
-    PGOPTIONS="-c synchronous_commit=$3" pgbench -n -M prepared -c "$2" -j 2 -T "$secs" \
-        -f "$here/$1.sql" "$database" 2>/dev/null | awk '/^tps/ { print $3 }'
+    local report
+    if ! report=$(PGOPTIONS="-c synchronous_commit=$3" pgbench -n -M prepared -c "$2" \
+        -j "$(( $2 < 2 ? $2 : 2 ))" -T "$secs" -f "$here/$1.sql" "$database" 2>&1); then
+        echo "ceilings: pgbench failed on $1.sql:" >&2
+        echo "$report" >&2
+        exit 1
+    fi
+    awk '/^tps/ { print $3 }' <<<"$report"
 }
 
 # pair <first> <second> <clients> <synchronous_commit> <what the suite's goal is>
