@@ -8,7 +8,8 @@
 # Needs pgbench (PostgreSQL's client tools) and the bench database with its tables: run
 # `cargo bench --bench suite` once first (IDEM_BENCH_QUICK=1 is enough). Connects with the
 # libpq environment (PGHOST, PGPORT, PGUSER; default 127.0.0.1:5432 as postgres) to
-# IDEM_BENCH_DATABASE (default idem_bench). CEILING_SECS sets the seconds per cell (10).
+# IDEM_BENCH_DATABASE (default idem_bench), whose bench tables it empties first, as the
+# suite does. CEILING_SECS sets the seconds per cell (10).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
