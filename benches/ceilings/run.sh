@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The ceilings of the bench suite's ratios: the same SQL shapes driven by pgbench (a C
-# client, no idem, no Rust, no pool pings), side by side. A ratio the suite reports can
-# only approach the ratio printed here for the same pair on the same machine.
+# client, no idem, no Rust, no pool pings), side by side. The ratio printed for a pair is
+# what the SQL alone allows on this machine; the suite's ratio for the same pair and
+# concurrency lands near or below it (the suite adds a client and pool pings to both sides).
 #
 #   bash benches/ceilings/run.sh        # about 4 minutes
 #
