@@ -1,7 +1,7 @@
 //! A batch handler's body runs once per batch and receives exactly the new messages, in the order of the batch; a batch without new messages neither calls the body nor writes.
 mod batch_handler_support;
 
-use batch_handler_support::{Calls, all_ok, effects, ids, insert_all};
+use batch_handler_support::{Calls, all_ok, effects, ids, insert_all, paid_batch};
 use idem_runtime::{Outcome, idempotent};
 use idem_suite::orders::OrderEvent;
 use idem_suite::testing;
@@ -17,25 +17,18 @@ async fn record_orders(
     insert_all(tx, events).await
 }
 
-fn batch(orders: &[(&str, i64)]) -> Vec<OrderEvent> {
-    orders
-        .iter()
-        .map(|&(order, amount)| testing::paid(order, amount))
-        .collect()
-}
-
 #[sqlx::test(migrations = false)]
 async fn body_runs_once_per_batch_with_exactly_the_new_messages_in_batch_order(pool: PgPool) {
     let idem = testing::setup(&pool).await;
     let calls = Calls::default();
 
-    let first = batch(&[("o2", 20)]);
+    let first = paid_batch(&[("o2", 20)]);
     assert_eq!(
         all_ok(record_orders(&idem, &first, &calls).await),
         vec![Outcome::Executed(())]
     );
 
-    let second = batch(&[("o5", 50), ("o1", 10), ("o2", 20), ("o4", 40), ("o3", 30)]);
+    let second = paid_batch(&[("o5", 50), ("o1", 10), ("o2", 20), ("o4", 40), ("o3", 30)]);
     let outcomes = record_orders(&idem, &second, &calls).await;
     assert_eq!(
         all_ok(outcomes),
@@ -75,7 +68,7 @@ async fn body_runs_once_per_batch_with_exactly_the_new_messages_in_batch_order(p
 async fn batch_without_new_messages_neither_calls_the_body_nor_writes(pool: PgPool) {
     let idem = testing::setup(&pool).await;
     let calls = Calls::default();
-    let events = batch(&[("o1", 10), ("o2", 20), ("o1", 10)]);
+    let events = paid_batch(&[("o1", 10), ("o2", 20), ("o1", 10)]);
     record_orders(&idem, &events, &calls).await;
     assert_eq!(calls.all(), vec![ids(&["o1", "o2"])]);
 

@@ -1,7 +1,7 @@
 //! Messages with the same key inside one batch reach a batch handler's body once; the later ones share the first one's outcome, also when it failed.
 mod batch_handler_support;
 
-use batch_handler_support::{Calls, all_ok, effects, ids, insert_all};
+use batch_handler_support::{Calls, all_ok, effects, ids, insert_all, paid_batch};
 use idem_runtime::{Error, Outcome, idempotent};
 use idem_suite::orders::OrderEvent;
 use idem_suite::testing;
@@ -33,10 +33,7 @@ async fn record_orders(
 async fn duplicates_inside_one_batch_reach_the_body_once(pool: PgPool) {
     let idem = testing::setup(&pool).await;
     let calls = Calls::default();
-    let events: Vec<OrderEvent> = [("a", 1), ("b", 2), ("a", 1), ("c", 3), ("b", 2), ("b", 2)]
-        .iter()
-        .map(|&(order, amount)| testing::paid(order, amount))
-        .collect();
+    let events = paid_batch(&[("a", 1), ("b", 2), ("a", 1), ("c", 3), ("b", 2), ("b", 2)]);
 
     let outcomes = all_ok(record_orders(&idem, &events, &calls).await);
     assert_eq!(
@@ -62,10 +59,7 @@ async fn duplicates_inside_one_batch_reach_the_body_once(pool: PgPool) {
 async fn duplicate_of_a_failing_message_in_the_batch_is_told_to_retry(pool: PgPool) {
     let idem = testing::setup(&pool).await;
     let calls = Calls::default();
-    let events: Vec<OrderEvent> = [("ok", 1), ("bad", -1), ("bad", -1)]
-        .iter()
-        .map(|&(order, amount)| testing::paid(order, amount))
-        .collect();
+    let events = paid_batch(&[("ok", 1), ("bad", -1), ("bad", -1)]);
 
     let mut outcomes = record_orders(&idem, &events, &calls).await.into_iter();
     assert_eq!(outcomes.next().unwrap().unwrap(), Outcome::Executed(()));

@@ -1,7 +1,7 @@
 //! A batch handler with a fingerprint rejects, message by message, a key seen before with another payload (in the status table or earlier in the same batch) with `PayloadMismatch`, without giving that message to the body.
 mod batch_handler_support;
 
-use batch_handler_support::{Calls, all_ok, effects, ids, insert_all};
+use batch_handler_support::{Calls, all_ok, effects, ids, insert_all, paid_batch};
 use idem_runtime::{Disposition, Error, Outcome, idempotent};
 use idem_suite::orders::OrderEvent;
 use idem_suite::testing;
@@ -17,20 +17,13 @@ async fn record_orders(
     insert_all(tx, events).await
 }
 
-fn events(orders: &[(&str, i64)]) -> Vec<OrderEvent> {
-    orders
-        .iter()
-        .map(|&(order, amount)| testing::paid(order, amount))
-        .collect()
-}
-
 #[sqlx::test(migrations = false)]
 async fn same_key_with_another_payload_is_rejected_per_message(pool: PgPool) {
     let idem = testing::setup(&pool).await;
     let calls = Calls::default();
-    all_ok(record_orders(&idem, &events(&[("a", 100)]), &calls).await);
+    all_ok(record_orders(&idem, &paid_batch(&[("a", 100)]), &calls).await);
 
-    let batch = events(&[
+    let batch = paid_batch(&[
         ("a", 999),
         ("b", 5),
         ("c", 1),

@@ -55,6 +55,14 @@ pub async fn effects(pool: &PgPool) -> Vec<(String, i64)> {
         .unwrap()
 }
 
+/// A batch of `paid` events, one per `(order_id, amount_cents)`, in order.
+pub fn paid_batch(orders: &[(&str, i64)]) -> Vec<OrderEvent> {
+    orders
+        .iter()
+        .map(|&(order, amount)| idem_suite::testing::paid(order, amount))
+        .collect()
+}
+
 /// `ids` as owned strings, to compare with [`Calls::all`].
 pub fn ids(ids: &[&str]) -> Vec<String> {
     ids.iter().map(|&id| id.to_owned()).collect()
