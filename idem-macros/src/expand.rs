@@ -56,14 +56,19 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
     let idem = Ident::new("idem", Span::mixed_site());
     let message = &handler.message;
 
-    let scope = args
-        .scope
-        .as_ref()
-        .map_or_else(|| item.sig.ident.to_string(), syn::LitStr::value);
-    let max_attempts = match &args.max_attempts {
-        Some(n) => quote!(::core::option::Option::Some(#n)),
-        None => quote!(::core::option::Option::None),
+    // The default scope names the handler by its module path, so that handlers of the
+    // same name in other modules or crates keep apart.
+    let scope = match &args.scope {
+        Some(scope) => quote!(#scope),
+        None => {
+            let name = syn::ext::IdentExt::unraw(&item.sig.ident).to_string();
+            quote!(::core::concat!(::core::module_path!(), "::", #name))
+        }
     };
+    let max_attempts = args
+        .max_attempts
+        .as_ref()
+        .map(|n| quote!(.max_attempts(#n)));
     let codec = match &args.store_result {
         Some(flag) if !flag.value => quote!(#private::NoResult),
         _ => quote!(#private::JsonResult),
@@ -100,14 +105,32 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         .into_iter()
         .next()
         .map_or_else(Span::call_site, |token| token.span());
+    // A handler-level cache argument goes into the spec. The policy is built through a
+    // trait that the runtime implements only with its `redis` feature: spanned on the
+    // argument, so that the error names the feature there.
+    let cache_policy = cache.map(|argument| match argument {
+        CacheArg::Switch(on, span) => {
+            let private = respan(&private, span);
+            quote_spanned!(span=> .cache(#private::handler_cache(#private::CacheSwitch(#on))))
+        }
+        CacheArg::Ttl(millis, span) => {
+            let private = respan(&private, span);
+            quote_spanned!(span=> .cache(#private::handler_cache(#private::CacheTtlMillis(#millis))))
+        }
+    });
+    let lease = (mode == Mode::Lease).then(|| {
+        let lease_millis = args.lease_millis();
+        quote!(.lease(::core::time::Duration::from_millis(#lease_millis)))
+    });
+    let spec = Ident::new("SPEC", Span::mixed_site());
+    let spec_item = quote! {
+        let #spec: #private::HandlerSpec = #private::HandlerSpec::new(#scope)
+            .declared_in(::core::module_path!())
+            #max_attempts
+            #cache_policy
+            #lease;
+    };
     if let Some(element) = handler.batch_of {
-        let spec = Ident::new("SPEC", Span::mixed_site());
-        let spec_item = quote! {
-            const #spec: #private::HandlerSpec = #private::HandlerSpec {
-                scope: #scope,
-                max_attempts: #max_attempts,
-            };
-        };
         let derive = quote! {
             |#message| -> ::core::result::Result<_, #private::KeyError> {
                 #sole_part_check
@@ -144,8 +167,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
     let signature =
         rewritten_signature(sig, &sig.ident, inputs, quote!(#private::Handled<#output>));
     // Locals of the generated code, invisible to the user's body.
-    let [spec, derived, key, fingerprint, error, transaction, result] = [
-        "SPEC",
+    let [derived, key, fingerprint, error, transaction, result] = [
         "derived",
         "key",
         "fingerprint",
@@ -173,33 +195,10 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
     // bound there, once. (A span over the whole type cannot be given to `.await`.)
     let codec_arg = respan(&codec, first);
 
-    // A handler-level cache argument selects the runners that take a cache policy. The
-    // policy is built through a trait that the runtime implements only with its `redis`
-    // feature: spanned on the argument, so that the error names the feature there.
-    let (run_transactional, run_lease, cache_policy) = match cache {
-        None => (
-            quote!(#private::run_transactional),
-            quote!(#private::run_lease),
-            quote!(),
-        ),
-        Some(argument) => {
-            let policy = match argument {
-                CacheArg::Switch(on, span) => {
-                    let private = respan(&private, span);
-                    quote_spanned!(span=> #private::handler_cache(#private::CacheSwitch(#on)))
-                }
-                CacheArg::Ttl(millis, span) => {
-                    let private = respan(&private, span);
-                    quote_spanned!(span=> #private::handler_cache(#private::CacheTtlMillis(#millis)))
-                }
-            };
-            (
-                quote!(#private::run_transactional_with_cache),
-                quote!(#private::run_lease_with_cache),
-                quote!(#policy,),
-            )
-        }
-    };
+    let (run_transactional, run_lease) = (
+        quote!(#private::run_transactional),
+        quote!(#private::run_lease),
+    );
 
     let call = match mode {
         Mode::Transaction => {
@@ -210,7 +209,6 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             let run_args = quote! {
                     #idem,
                     &#spec,
-                    #cache_policy
                     #key,
                     #fingerprint,
                     #codec_arg,
@@ -228,7 +226,6 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             call_at(&run_transactional, run_args, first)
         }
         Mode::Lease => {
-            let lease_millis = args.lease_millis();
             let guard = handler.context.map(|context| {
                 let (lease_pat, lease_ty) = (&context.pat, &context.ty);
                 quote!(let #lease_pat: #lease_ty = &#transaction;)
@@ -236,11 +233,9 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             let run_args = quote! {
                     #idem,
                     &#spec,
-                    #cache_policy
                     #key,
                     #fingerprint,
                     #codec_arg,
-                    ::core::time::Duration::from_millis(#lease_millis),
                     move |#transaction| async move {
                         #guard
                         #private::handler_body::<#output, _>(async #block).await
@@ -312,10 +307,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             #[doc = #doc]
             #vis #signature
             {
-                const #spec: #private::HandlerSpec = #private::HandlerSpec {
-                    scope: #scope,
-                    max_attempts: #max_attempts,
-                };
+                #spec_item
                 #run_batch_call
             }
         }
@@ -327,10 +319,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         #(#attrs)*
         #vis #signature
         {
-            const #spec: #private::HandlerSpec = #private::HandlerSpec {
-                scope: #scope,
-                max_attempts: #max_attempts,
-            };
+            #spec_item
             #sole_part_check
             let #derived = (|| -> ::core::result::Result<_, #private::KeyError> {
                 ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
@@ -354,7 +343,7 @@ struct BatchHandler<'a> {
     element: &'a Type,
     krate: &'a TokenStream,
     spec: Ident,
-    /// `const SPEC: HandlerSpec = ...;`
+    /// `let SPEC: HandlerSpec = ...;`
     spec_item: TokenStream,
     /// The closure that derives one message's key and fingerprint.
     derive: TokenStream,

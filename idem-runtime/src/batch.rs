@@ -239,7 +239,7 @@ where
 /// }
 ///
 /// # async fn deliver(idem: &Idem, events: &[OrderEvent]) {
-/// const SPEC: HandlerSpec = HandlerSpec { scope: "record_orders", max_attempts: None };
+/// const SPEC: HandlerSpec = HandlerSpec::new("orders::record_orders");
 /// let outcomes = batch::run_bulk(
 ///     idem,
 ///     &SPEC,

@@ -1,18 +1,97 @@
 //! What `#[idempotent]` tells the runtime about a handler.
 
+use std::time::Duration;
+
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::cache::CachePolicy;
 use crate::outcome::HandlerResult;
 
-/// The static description of one idempotent handler.
+/// The static description of one idempotent handler: what `#[idempotent]` passes to the
+/// runners, or what a handler written without the attribute builds with [`HandlerSpec::new`].
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::handler::HandlerSpec;
+///
+/// const SPEC: HandlerSpec = HandlerSpec::new("billing::apply_payment")
+///     .max_attempts(3)
+///     .declared_in(module_path!());
+/// assert_eq!(SPEC.scope, "billing::apply_payment");
+/// ```
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct HandlerSpec {
     /// The handler's stable identity in the status table.
     pub scope: &'static str,
     /// Overrides [`Config::max_attempts`](crate::config::Config::max_attempts).
     pub max_attempts: Option<u32>,
+    /// How the handler uses the handle's Redis cache (feature `redis`).
+    pub cache: CachePolicy,
+    /// Lease mode: how long a claim holds the key (default 30 s).
+    pub lease: Option<Duration>,
+    /// Whether other handlers may use the same scope on purpose (`shared_scope = true`).
+    /// Without it, two handlers using one scope are refused with
+    /// [`Error::ScopeConflict`](crate::Error::ScopeConflict).
+    pub shared_scope: bool,
+    /// The module that declares the handler (`module_path!()`): its crate is recorded as
+    /// the scope's owner in the database, so that another service cannot use the scope
+    /// unknowingly.
+    pub declared_in: Option<&'static str>,
 }
+
+impl HandlerSpec {
+    /// A handler with scope `scope` and the handle's defaults for everything else.
+    pub const fn new(scope: &'static str) -> Self {
+        HandlerSpec {
+            scope,
+            max_attempts: None,
+            cache: CachePolicy::Inherit,
+            lease: None,
+            shared_scope: false,
+            declared_in: None,
+        }
+    }
+
+    /// Failed attempts before the key is parked, instead of the handle's setting.
+    pub const fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = Some(max_attempts);
+        self
+    }
+
+    /// The handler's use of the Redis cache.
+    pub const fn cache(mut self, cache: CachePolicy) -> Self {
+        self.cache = cache;
+        self
+    }
+
+    /// Lease mode: the lease a claim takes on its key.
+    pub const fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Lets other handlers that also declare it share this scope.
+    pub const fn shared_scope(mut self) -> Self {
+        self.shared_scope = true;
+        self
+    }
+
+    /// The module that declares the handler, as `module_path!()` gives it.
+    pub const fn declared_in(mut self, module_path: &'static str) -> Self {
+        self.declared_in = Some(module_path);
+        self
+    }
+
+    /// The lease of a lease-mode claim.
+    pub(crate) fn lease_or_default(&self) -> Duration {
+        self.lease.unwrap_or(DEFAULT_LEASE)
+    }
+}
+
+/// The lease of a lease-mode handler that does not set one.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// How a handler's result is kept for replay to duplicates.
 #[diagnostic::on_unimplemented(

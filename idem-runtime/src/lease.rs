@@ -49,7 +49,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::Idem;
-use crate::cache::{self, CachePolicy};
+use crate::cache;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::outcome::{Error, HandlerError, Outcome, error_chain};
@@ -138,9 +138,9 @@ impl Lease {
 /// use idem_runtime::{Idem, handler::{HandlerSpec, JsonResult}, key::KeyBuilder};
 ///
 /// # async fn notify(idem: &Idem, order_id: &str) -> Result<(), Box<dyn std::error::Error>> {
-/// const SPEC: HandlerSpec = HandlerSpec { scope: "send_receipt", max_attempts: None };
+/// const SPEC: HandlerSpec = HandlerSpec::new("mail::send_receipt").lease(Duration::from_secs(30));
 /// let key = KeyBuilder::new().part("order_id", order_id)?.finish();
-/// let outcome = idem_runtime::lease::run(idem, &SPEC, key, None, JsonResult, Duration::from_secs(30), |lease| async move {
+/// let outcome = idem_runtime::lease::run(idem, &SPEC, key, None, JsonResult, |lease| async move {
 ///     // Pass lease.token() to the mail service as its idempotency key.
 ///     Ok::<_, std::io::Error>(format!("sent with token {}", lease.token()))
 /// })
@@ -153,39 +153,6 @@ pub async fn run<T, E, C, F, Fut>(
     key: IdempotencyKey,
     fingerprint: Option<[u8; 32]>,
     codec: C,
-    lease: Duration,
-    body: F,
-) -> Result<Outcome<T>, Error<E>>
-where
-    C: ResultCodec<T>,
-    E: HandlerError,
-    F: FnOnce(Lease) -> Fut,
-    Fut: Future<Output = Result<T, E>>,
-{
-    run_with_cache(
-        idem,
-        spec,
-        CachePolicy::Inherit,
-        key,
-        fingerprint,
-        codec,
-        lease,
-        body,
-    )
-    .await
-}
-
-/// [`run`] with the handler's own use of the Redis cache (`#[idempotent(cache = false)]`
-/// or `cache_ttl = "..."`, feature `redis`); see [`crate::cache`].
-#[allow(clippy::too_many_arguments)]
-pub async fn run_with_cache<T, E, C, F, Fut>(
-    idem: &Idem,
-    spec: &HandlerSpec,
-    cache_policy: CachePolicy,
-    key: IdempotencyKey,
-    fingerprint: Option<[u8; 32]>,
-    codec: C,
-    lease: Duration,
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
@@ -195,6 +162,8 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     let statements = idem.statements();
+    let cache_policy = spec.cache;
+    let lease = spec.lease_or_default();
     let scope = spec.scope;
     let uuid = key.as_uuid();
     let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);

@@ -50,13 +50,14 @@
 //! # struct OrderEvent { order_id: String, event_type: String, amount_cents: i64 }
 //! # #[derive(serde::Serialize, serde::Deserialize)] struct Receipt { payment_id: i64 }
 //! async fn apply_payment(idem: &Idem, event: &OrderEvent) -> Result<Outcome<Receipt>, Error<sqlx::Error>> {
-//!     const SPEC: HandlerSpec = HandlerSpec { scope: "apply_payment", max_attempts: None };
+//!     let spec = HandlerSpec::new(concat!(module_path!(), "::apply_payment"))
+//!         .declared_in(module_path!());
 //!     let key = KeyBuilder::new()
 //!         .part("order_id", &event.order_id)?
 //!         .part("event_type", &event.event_type)?
 //!         .finish();
 //!     let fingerprint = KeyBuilder::new().part("amount_cents", &event.amount_cents)?.digest();
-//!     idem_runtime::transactional::run(idem, &SPEC, key, Some(fingerprint), JsonResult, move |mut transaction| async move {
+//!     idem_runtime::transactional::run(idem, &spec, key, Some(fingerprint), JsonResult, move |mut transaction| async move {
 //!         let result = {
 //!             let tx: &mut PgConnection = &mut *transaction;
 //!             // the original body, unchanged
@@ -211,9 +212,8 @@ pub mod __private {
     pub use crate::cache::{CacheSwitch, CacheTtlMillis, handler_cache};
     pub use crate::handler::{HandlerSpec, JsonResult, NoResult};
     pub use crate::key::{KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart};
-    pub use crate::lease::{Lease, run as run_lease, run_with_cache as run_lease_with_cache};
+    pub use crate::lease::{Lease, run as run_lease};
     pub use crate::transactional::run as run_transactional;
-    pub use crate::transactional::run_with_cache as run_transactional_with_cache;
     pub use crate::{Error, Handled, HandlerResult, Idem, IdempotencyKey, Outcome};
     pub use sqlx::PgConnection;
 

@@ -24,7 +24,7 @@ use std::time::Duration;
 use sqlx::{Executor, PgConnection, Postgres, Transaction};
 
 use crate::Idem;
-use crate::cache::{self, CachePolicy};
+use crate::cache;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::outcome::{Error, HandlerError, Outcome, error_chain, is_transient};
@@ -45,7 +45,7 @@ use crate::store::{Claim, Existing, Status};
 /// use idem_runtime::{Idem, Outcome, handler::{HandlerSpec, NoResult}, key::KeyBuilder};
 ///
 /// # async fn deliver(idem: &Idem, order_id: &str) -> Result<(), Box<dyn std::error::Error>> {
-/// const SPEC: HandlerSpec = HandlerSpec { scope: "ship_order", max_attempts: None };
+/// const SPEC: HandlerSpec = HandlerSpec::new("shipping::ship_order");
 /// let key = KeyBuilder::new().part("order_id", order_id)?.finish();
 /// let outcome = idem_runtime::transactional::run(idem, &SPEC, key, None, NoResult, |mut tx| async move {
 ///     let result = sqlx::query("UPDATE orders SET shipped = true WHERE id = $1")
@@ -65,35 +65,6 @@ pub async fn run<T, E, C, F, Fut>(
     key: IdempotencyKey,
     fingerprint: Option<[u8; 32]>,
     codec: C,
-    body: F,
-) -> Result<Outcome<T>, Error<E>>
-where
-    C: ResultCodec<T>,
-    E: HandlerError,
-    F: FnMut(Transaction<'static, Postgres>) -> Fut,
-    Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
-{
-    run_with_cache(
-        idem,
-        spec,
-        CachePolicy::Inherit,
-        key,
-        fingerprint,
-        codec,
-        body,
-    )
-    .await
-}
-
-/// [`run`] with the handler's own use of the Redis cache (`#[idempotent(cache = false)]`
-/// or `cache_ttl = "..."`, feature `redis`); see [`crate::cache`].
-pub async fn run_with_cache<T, E, C, F, Fut>(
-    idem: &Idem,
-    spec: &HandlerSpec,
-    cache_policy: CachePolicy,
-    key: IdempotencyKey,
-    fingerprint: Option<[u8; 32]>,
-    codec: C,
     mut body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
@@ -103,6 +74,7 @@ where
     Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
 {
     let statements = idem.statements();
+    let cache_policy = spec.cache;
     let scope = spec.scope;
     let uuid = key.as_uuid();
     let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);
