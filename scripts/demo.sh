@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole demo in one command: starts what is missing (PostgreSQL, the tansu Kafka-API
-# broker; the first run installs tansu, about 12 minutes), then publishes order events
+# The whole demo in one command: starts what is missing (PostgreSQL, a private cluster
+# when none answers; the tansu Kafka-API broker, which the first run installs, about 12
+# minutes), then publishes order events
 # with duplicate sends and malformed messages, consumes them with three consumers of one
 # group through #[idempotent] handlers, and checks by SQL that every fact was applied
 # exactly once.
@@ -18,9 +19,17 @@ command -v cargo >/dev/null 2>&1 || {
     echo "demo.sh: cargo is missing; install Rust from https://rustup.rs first" >&2
     exit 1
 }
+for tool in cc make; do
+    command -v "$tool" >/dev/null 2>&1 || {
+        echo "demo.sh: '$tool' is missing; the build needs a C compiler and make (librdkafka); on Debian or Ubuntu: sudo apt-get install -y build-essential" >&2
+        exit 1
+    }
+done
 
 echo "== services"
-scripts/services.sh up postgres kafka
+# DATABASE_URL of the server in use (that of the private cluster, when started).
+exports=$(scripts/services.sh up --print-env postgres kafka)
+eval "$exports"
 echo "== building the demo (release; the first build takes 10 to 15 minutes on 2 cores)"
 cargo build --quiet --release --example demo
 echo "== running it"

@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
 # Every test: unit, integration (PostgreSQL, Redis, the Kafka-API broker), compile-fail
-# and doc tests. Starts the services that are missing first (the first run installs the
-# tansu broker, about 12 minutes); extra arguments go to `cargo test`.
+# and doc tests. Starts the services that are missing first (private PostgreSQL and Redis
+# servers when none answers; the first run installs the tansu broker, about 12 minutes)
+# and runs the tests against them; extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-scripts/services.sh up postgres redis kafka
+for tool in cargo cc make; do
+    command -v "$tool" >/dev/null 2>&1 || {
+        echo "test.sh: '$tool' is missing; the tests need Rust (https://rustup.rs), a C compiler and make (librdkafka); on Debian or Ubuntu: sudo apt-get install -y build-essential, then Rust from https://rustup.rs" >&2
+        exit 1
+    }
+done
+
+# DATABASE_URL and REDIS_URL of the servers in use (those of private ones, when started).
+exports=$(scripts/services.sh up --print-env postgres redis kafka)
+eval "$exports"
 cargo test --workspace --all-features "$@"
 # The compile error of the cache's handler arguments without the `redis` feature shows
 # only in a build without it.
