@@ -54,8 +54,10 @@ use uuid::Uuid;
 
 use crate::Idem;
 use crate::handler::{BatchResult, HandlerSpec, NoResult, ResultCodec};
+use crate::inflight::KeyTurn;
 use crate::key::{IdempotencyKey, KeyError};
 use crate::outcome::{Error, Handled, HandlerError, Outcome};
+use crate::scope;
 use crate::store::{Existing, Status};
 use crate::transactional;
 
@@ -83,6 +85,23 @@ struct Planned<T, E> {
     outcomes: Vec<Option<Result<Outcome<T>, Error<E>>>>,
     derived: Vec<Option<Derived>>,
     plans: Vec<Plan>,
+}
+
+/// Every message refused for the same reason (the handler's scope is not its own).
+fn refuse_all<M, T, E>(messages: &[M], error: scope::Error) -> BatchOutcomes<T, E> {
+    match error {
+        scope::Error::Conflict(conflict) => messages
+            .iter()
+            .map(|_| Err(Error::ScopeConflict(conflict.clone())))
+            .collect(),
+        scope::Error::Database(error) => {
+            let text = error.to_string();
+            messages
+                .iter()
+                .map(|_| Err(Error::Database(sqlx::Error::Protocol(text.clone()))))
+                .collect()
+        }
+    }
 }
 
 impl<T, E> Planned<T, E> {
@@ -130,13 +149,31 @@ impl<T, E> Planned<T, E> {
         planned
     }
 
-    /// The messages whose keys the batch claims, in message order.
-    fn to_claim(&self) -> Vec<usize> {
-        self.plans
-            .iter()
-            .enumerate()
-            .filter_map(|(index, plan)| matches!(plan, Plan::Claim).then_some(index))
-            .collect()
+    /// The messages whose keys the batch claims, in message order. A key that another
+    /// delivery of this process is working on is not waited for: its message gets
+    /// [`Error::InProgress`] and the rest of the batch goes on. The turns taken end when
+    /// the batch transaction does (before a one-by-one pass, which takes them again).
+    fn take_turns<'i>(
+        &mut self,
+        idem: &'i Idem,
+        scope: &'static str,
+    ) -> (Vec<usize>, Vec<KeyTurn<'i>>) {
+        let mut to_claim = Vec::with_capacity(self.plans.len());
+        let mut turns = Vec::with_capacity(self.plans.len());
+        for index in 0..self.plans.len() {
+            if !matches!(self.plans[index], Plan::Claim) {
+                continue;
+            }
+            let (key, _) = self.keyed(index);
+            if let Some(turn) = idem.in_flight().try_take(scope, key.as_uuid()) {
+                to_claim.push(index);
+                turns.push(turn);
+            } else {
+                self.outcomes[index] = Some(Err(Error::InProgress { key }));
+                self.plans[index] = Plan::Done;
+            }
+        }
+        (to_claim, turns)
     }
 
     /// The key and fingerprint of a message that has a key.
@@ -194,14 +231,23 @@ where
     F: FnMut(Transaction<'static, Postgres>, &'m M) -> Fut,
     Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
 {
+    if let Err(error) = idem.check_scope(spec, scope::handler_identity::<F>()).await {
+        return refuse_all(messages, error);
+    }
     let mut planned = Planned::new(messages, derive);
-    let to_claim = planned.to_claim();
+    let (to_claim, turns) = planned.take_turns(idem, spec.scope);
     let keyed = |index: usize| planned.keyed(index);
     let (each, derived) = (&mut body, &keyed);
-    let pass = batch_pass(idem, spec, &to_claim, &keyed, &codec, move |tx, owned| {
-        run_each(idem, spec, tx, messages, owned, derived, codec, each)
-    })
+    let pass = batch_pass(
+        idem,
+        spec,
+        &to_claim,
+        &keyed,
+        &codec,
+        move |tx, xid, owned| run_each(idem, spec, tx, xid, messages, owned, derived, codec, each),
+    )
     .await;
+    drop(turns);
     let outcomes = settle(idem, spec, pass, &keyed, codec, |tx, index| {
         body(tx, &messages[index])
     })
@@ -278,8 +324,11 @@ where
     F: FnMut(Transaction<'static, Postgres>, Vec<&'m M>) -> Fut,
     Fut: Future<Output = (Transaction<'static, Postgres>, R)>,
 {
+    if let Err(error) = idem.check_scope(spec, scope::handler_identity::<F>()).await {
+        return refuse_all(messages, error);
+    }
     let mut planned = Planned::new(messages, derive);
-    let to_claim = planned.to_claim();
+    let (to_claim, turns) = planned.take_turns(idem, spec.scope);
     let keyed = |index: usize| planned.keyed(index);
     let mut body = |tx, slice| {
         let running = body(tx, slice);
@@ -295,9 +344,10 @@ where
         &to_claim,
         &keyed,
         &NoResult,
-        move |tx, owned| run_once(tx, messages, owned, once),
+        move |tx, xid, owned| run_once(idem, tx, xid, messages, owned, once),
     )
     .await;
+    drop(turns);
     let outcomes = settle(idem, spec, pass, &keyed, NoResult, |tx, index| {
         body(tx, vec![&messages[index]])
     })
@@ -331,17 +381,24 @@ async fn batch_pass<T, E, C, W, Fut>(
 ) -> Pass<T, E>
 where
     C: ResultCodec<T>,
-    W: FnOnce(Transaction<'static, Postgres>, Vec<usize>) -> Fut,
+    W: FnOnce(Transaction<'static, Postgres>, i64, Vec<usize>) -> Fut,
     Fut: Future<Output = Result<Vec<Indexed<T, E>>, Fallback>>,
 {
     match claim(idem, spec, to_claim, keyed, codec).await {
         Ok(None) => Pass::Committed(Vec::new()),
-        Ok(Some(Claim { tx, owned, decided })) if owned.is_empty() => {
+        Ok(Some(Claim {
+            tx, owned, decided, ..
+        })) if owned.is_empty() => {
             // Read-only: dropping the transaction rolls it back on release.
             drop(tx);
             Pass::Committed(decided)
         }
-        Ok(Some(Claim { tx, owned, decided })) => match work(tx, owned.clone()).await {
+        Ok(Some(Claim {
+            tx,
+            xid,
+            owned,
+            decided,
+        })) => match work(tx, xid.unwrap_or_default(), owned.clone()).await {
             Ok(executed) => {
                 let mut outcomes = decided;
                 outcomes.extend(executed);
@@ -395,7 +452,8 @@ where
     for index in retry {
         let (key, fingerprint) = keyed(index);
         let outcome =
-            transactional::run(idem, spec, key, fingerprint, codec, |tx| one(tx, index)).await;
+            transactional::run_checked(idem, spec, key, fingerprint, codec, |tx| one(tx, index))
+                .await;
         decided.push((index, outcome));
     }
     decided
@@ -452,6 +510,8 @@ where
 /// The batch transaction after the claim of its keys.
 struct Claim<T, E> {
     tx: Transaction<'static, Postgres>,
+    /// The transaction's id, checked by the commit (`None` while nothing is owned).
+    xid: Option<i64>,
     /// The messages whose keys this transaction holds, in message order.
     owned: Vec<usize>,
     /// The messages decided by the rows in the way (duplicates, parked keys, payload
@@ -480,13 +540,10 @@ async fn claim<T, E, C: ResultCodec<T>>(
         .map(|&i| keyed(i).1.map(|f| f.to_vec()))
         .collect();
 
-    let mut tx = idem
-        .pool()
-        .begin_with(idem.statements().begin.clone())
-        .await?;
+    let body_lock_timeout = idem.session_lock_timeout().await?;
+    let mut tx = idem.bounded_transaction().await?;
     // Only the keys in the way come back, as arrays in one row (an aggregate always
-    // yields one): the happy path returns no row data, and the session's lock timeout is
-    // restored once, for the body.
+    // yields one): the happy path returns no row data but the transaction's id.
     let row = sqlx::query(&format!(
         "WITH input AS ( \
             SELECT * FROM unnest($2::uuid[], $3::bytea[]) AS i(key, fingerprint)), \
@@ -497,7 +554,9 @@ async fn claim<T, E, C: ResultCodec<T>>(
             RETURNING key), \
          lost AS ( \
             SELECT i.key FROM input i WHERE NOT EXISTS (SELECT FROM claimed c WHERE c.key = i.key)) \
-         SELECT set_config('lock_timeout', current_setting('idem.saved_lock_timeout'), true) AS restored, \
+         SELECT (SELECT pg_current_xact_id_if_assigned()::text::bigint FROM claimed LIMIT 1) AS xid, \
+                CASE WHEN coalesce(bool_and(k.status IS DISTINCT FROM 'failed'), true) \
+                     THEN set_config('lock_timeout', $4, true) END AS restored, \
                 array_agg(l.key) AS keys, array_agg(k.status) AS statuses, \
                 array_agg(k.attempts) AS attempts, array_agg(k.fingerprint) AS fingerprints, \
                 array_agg(k.result) AS results, array_agg(k.last_error) AS last_errors \
@@ -507,13 +566,16 @@ async fn claim<T, E, C: ResultCodec<T>>(
     .bind(scope)
     .bind(&keys)
     .bind(&fingerprints)
+    .bind(body_lock_timeout)
     .fetch_one(&mut *tx)
     .await?;
 
+    let mut xid: Option<i64> = row.try_get("xid")?;
     let lost: Vec<Uuid> = column(&row, "keys")?;
     if lost.is_empty() {
         return Ok(Some(Claim {
             tx,
+            xid,
             owned: to_claim.to_vec(),
             decided: Vec::new(),
         }));
@@ -576,14 +638,29 @@ async fn claim<T, E, C: ResultCodec<T>>(
         .collect();
     if !failed.is_empty() {
         let failed_keys: Vec<Uuid> = failed.iter().map(|&i| keyed(i).0.as_uuid()).collect();
-        let retaken: Vec<Uuid> = sqlx::query_scalar(&format!(
-            "UPDATE {table} SET status = 'success', attempts = attempts + 1, updated_at = now() \
-             WHERE scope = $1 AND key = ANY($2) AND status = 'failed' RETURNING key"
+        let failed_fingerprints: Vec<Option<Vec<u8>>> = failed
+            .iter()
+            .map(|&i| keyed(i).1.map(|f| f.to_vec()))
+            .collect();
+        let retaken: Vec<(Uuid, i64)> = sqlx::query_as(&format!(
+            "UPDATE {table} AS k SET status = 'success', attempts = k.attempts + 1, updated_at = now(), \
+                 fingerprint = coalesce(k.fingerprint, f.fingerprint) \
+             FROM unnest($2::uuid[], $3::bytea[]) AS f(key, fingerprint) \
+             WHERE k.scope = $1 AND k.key = f.key AND k.status = 'failed' \
+             RETURNING k.key, pg_current_xact_id()::text::bigint"
         ))
         .bind(scope)
         .bind(&failed_keys)
+        .bind(&failed_fingerprints)
         .fetch_all(&mut *tx)
         .await?;
+        xid = xid.or(retaken.first().map(|&(_, xid)| xid));
+        // The claim left the lock timeout bounded for this takeover: the body runs with
+        // the session's own.
+        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
+            .bind(body_lock_timeout)
+            .execute(&mut *tx)
+            .await?;
         if retaken.len() != failed.len() {
             // Another delivery finished one of them meanwhile: decide them one by one.
             return Err(Fallback::Database(sqlx::Error::RowNotFound));
@@ -591,7 +668,12 @@ async fn claim<T, E, C: ResultCodec<T>>(
         owned.extend(failed);
     }
     owned.sort_unstable();
-    Ok(Some(Claim { tx, owned, decided }))
+    Ok(Some(Claim {
+        tx,
+        xid,
+        owned,
+        decided,
+    }))
 }
 
 /// [`run`]'s work in the batch transaction: the body for each owned message, in order,
@@ -601,6 +683,7 @@ async fn run_each<'m, M, T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     mut tx: Transaction<'static, Postgres>,
+    xid: i64,
     messages: &'m [M],
     owned: Vec<usize>,
     keyed: &impl Fn(usize) -> Derived,
@@ -635,7 +718,7 @@ where
         let table = format!("{}.idem_keys", idem.config().schema());
         sqlx::query(&format!(
             "UPDATE {table} AS k SET result = v.result \
-             FROM unnest($2::uuid[], $3::jsonb[]) AS v(key, result) \
+             FROM unnest($2::uuid[], $3::json[]) AS v(key, result) \
              WHERE k.scope = $1 AND k.key = v.key"
         ))
         .bind(spec.scope)
@@ -644,9 +727,9 @@ where
         .execute(&mut *tx)
         .await?;
     }
-    // A body that swallowed a failed statement left the transaction aborted: the check
-    // fails then, where a bare COMMIT would roll back without an error.
-    transactional::commit_checked(tx, "SELECT 1").await?;
+    // A body that swallowed a failed statement left the transaction aborted, or ended it
+    // itself: the check fails then, where a bare COMMIT would lose the claims silently.
+    transactional::commit_checked(tx, &idem.statements().commit_only(xid)).await?;
     Ok(values
         .into_iter()
         .map(|(index, value)| (index, Ok(Outcome::Executed(value))))
@@ -656,7 +739,9 @@ where
 /// [`run_bulk`]'s work in the batch transaction: the body once with all owned messages,
 /// in order, then the commit.
 async fn run_once<'m, M, E, F, Fut>(
+    idem: &Idem,
     tx: Transaction<'static, Postgres>,
+    xid: i64,
     messages: &'m [M],
     owned: Vec<usize>,
     body: &mut F,
@@ -670,8 +755,8 @@ where
     if result.is_err() {
         return Err(Fallback::HandlerFailed);
     }
-    // As in `run_each`: an aborted transaction fails the check instead of rolling back.
-    transactional::commit_checked(tx, "SELECT 1").await?;
+    // As in `run_each`: an aborted or ended transaction fails the check.
+    transactional::commit_checked(tx, &idem.statements().commit_only(xid)).await?;
     Ok(owned
         .into_iter()
         .map(|index| (index, Ok(Outcome::Executed(()))))

@@ -145,7 +145,10 @@ pub(crate) async fn lookup<T, C: ResultCodec<T>>(
 ) -> Option<Outcome<T>> {
     #[cfg(feature = "redis")]
     if let Some((cache, _)) = idem.cache().active(policy) {
-        return cache.lookup(scope, key, fingerprint, codec).await;
+        let namespace = cache.namespace(idem).await?;
+        return cache
+            .lookup(namespace, scope, key, fingerprint, codec)
+            .await;
     }
     #[cfg(not(feature = "redis"))]
     let _ = (idem.cache(), policy, scope, key, fingerprint, codec);
@@ -165,7 +168,9 @@ pub(crate) async fn remember(
 ) {
     #[cfg(feature = "redis")]
     if let Some((cache, ttl)) = idem.cache().active(policy) {
-        cache.store(ttl, scope, key, fingerprint, result);
+        if let Some(namespace) = cache.namespace(idem).await {
+            cache.store(namespace, ttl, scope, key, fingerprint, result);
+        }
     }
     #[cfg(not(feature = "redis"))]
     let _ = (idem.cache(), policy, scope, key, fingerprint, result);
@@ -380,6 +385,8 @@ mod with_redis {
     /// The live cache of a runtime handle.
     pub(crate) struct Cache {
         pub(super) settings: RedisCache,
+        /// The status table's identity (see [`Cache::namespace`]), read once.
+        namespace: tokio::sync::OnceCell<String>,
         manager: OnceLock<ConnectionManager>,
         /// Milliseconds since `epoch` until which Redis is skipped; 0 while it is healthy.
         down_until: AtomicU64,
@@ -413,6 +420,15 @@ mod with_redis {
         }
     }
 
+    /// 16 hex digits of the SHA-256 of the status table's identity.
+    fn namespace_of(identity: &str) -> String {
+        use sha2::{Digest, Sha256};
+        Sha256::digest(identity.as_bytes())[..8]
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect()
+    }
+
     /// A connection-level failure: the server may be gone, so it is left alone a while.
     fn is_connection_error(error: &RedisError) -> bool {
         error.is_io_error()
@@ -429,6 +445,7 @@ mod with_redis {
             }
             Cache {
                 settings,
+                namespace: tokio::sync::OnceCell::new(),
                 manager,
                 down_until: AtomicU64::new(0),
                 epoch: Instant::now(),
@@ -449,13 +466,37 @@ mod with_redis {
             }
         }
 
-        /// `<prefix><scope>:<key>`. The key has a fixed length, so the name is unambiguous.
-        fn name(&self, scope: &str, key: IdempotencyKey) -> String {
-            format!("{}{scope}:{key}", self.settings.prefix)
+        /// The namespace of this handle's entries: a digest of the status table's identity
+        /// (a random id that the migrations store in its schema, the database's name and
+        /// the schema), so that handles on other databases or schemas never read each
+        /// other's entries from a shared Redis. Read from PostgreSQL on first use; `None`
+        /// (no cache for this delivery) while it cannot be read.
+        pub(super) async fn namespace(&self, idem: &crate::Idem) -> Option<&str> {
+            let read = self.namespace.get_or_try_init(|| async {
+                let identity: String = sqlx::query_scalar(&idem.statements().instance)
+                    .fetch_one(idem.pool())
+                    .await?;
+                Ok::<_, sqlx::Error>(namespace_of(&identity))
+            });
+            match read.await {
+                Ok(namespace) => Some(namespace.as_str()),
+                Err(error) => {
+                    bump(&self.counters.skipped);
+                    tracing::debug!(%error, "the cache namespace could not be read; asking PostgreSQL");
+                    None
+                }
+            }
+        }
+
+        /// `<prefix><namespace>:<scope>:<key>`. The namespace and the key have a fixed
+        /// length, so the name is unambiguous.
+        fn name(&self, namespace: &str, scope: &str, key: IdempotencyKey) -> String {
+            format!("{}{namespace}:{scope}:{key}", self.settings.prefix)
         }
 
         pub(super) async fn lookup<T, C: ResultCodec<T>>(
             &self,
+            namespace: &str,
             scope: &str,
             key: IdempotencyKey,
             fingerprint: Option<&[u8]>,
@@ -465,7 +506,7 @@ mod with_redis {
                 bump(&self.counters.skipped);
                 return None;
             }
-            let name = self.name(scope, key);
+            let name = self.name(namespace, scope, key);
             let mut get = redis::cmd("GET");
             get.arg(&name);
             let entry = match self.call::<Option<Vec<u8>>>(&get).await {
@@ -511,6 +552,7 @@ mod with_redis {
         /// like every call), so that the delivery that succeeded does not wait for Redis.
         pub(super) fn store(
             self: &Arc<Self>,
+            namespace: &str,
             ttl: Duration,
             scope: &str,
             key: IdempotencyKey,
@@ -527,7 +569,7 @@ mod with_redis {
             }
             let ttl_millis = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
             let mut set = redis::cmd("SET");
-            set.arg(self.name(scope, key))
+            set.arg(self.name(namespace, scope, key))
                 .arg(Entry::encode(fingerprint, result))
                 .arg("PX")
                 .arg(ttl_millis);

@@ -7,7 +7,10 @@ use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
 use crate::config::{Config, ConfigError, Identifier};
+use crate::handler::HandlerSpec;
+use crate::inflight::InFlight;
 use crate::key::IdempotencyKey;
+use crate::scope::Scopes;
 use crate::store::{KeyRecord, Statements};
 
 /// The migrations of the status table (`migrations/` of this repository).
@@ -42,6 +45,9 @@ struct Inner {
     config: Config,
     statements: Statements,
     cache: crate::cache::CacheSlot,
+    scopes: Scopes,
+    in_flight: InFlight,
+    session_lock_timeout: tokio::sync::OnceCell<String>,
 }
 
 impl Idem {
@@ -68,6 +74,9 @@ impl Idem {
                 config,
                 statements,
                 cache,
+                scopes: Scopes::default(),
+                in_flight: InFlight::default(),
+                session_lock_timeout: tokio::sync::OnceCell::new(),
             }),
         }
     }
@@ -88,6 +97,45 @@ impl Idem {
 
     pub(crate) fn cache(&self) -> &crate::cache::CacheSlot {
         &self.inner.cache
+    }
+
+    pub(crate) fn in_flight(&self) -> &InFlight {
+        &self.inner.in_flight
+    }
+
+    /// Refuses a handler whose scope another handler owns (see [`crate::scope`]).
+    pub(crate) async fn check_scope(
+        &self,
+        spec: &HandlerSpec,
+        identity: &'static str,
+    ) -> Result<(), crate::scope::Error> {
+        self.inner
+            .scopes
+            .check(self.pool(), &self.statements().scopes_table, spec, identity)
+            .await
+    }
+
+    /// The lock timeout of the pool's sessions (read once): what a handler's body runs
+    /// with, after the claim ran with the configured one.
+    pub(crate) async fn session_lock_timeout(&self) -> Result<&str, sqlx::Error> {
+        self.inner
+            .session_lock_timeout
+            .get_or_try_init(|| async {
+                sqlx::query_scalar("SELECT current_setting('lock_timeout')")
+                    .fetch_one(self.pool())
+                    .await
+            })
+            .await
+            .map(String::as_str)
+    }
+
+    /// A transaction whose lock waits are bounded by the lock timeout.
+    pub(crate) async fn bounded_transaction(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+        self.pool()
+            .begin_with(self.statements().begin.clone())
+            .await
     }
 
     /// What the Redis cache did so far (hits, misses, errors, writes, ...), or `None`
@@ -142,10 +190,28 @@ impl Idem {
     /// Un-parks a key (or clears the attempts of a failed one) so that the next delivery
     /// runs the body again. Returns whether the key was failed or parked.
     pub async fn reset(&self, scope: &str, key: IdempotencyKey) -> Result<bool, sqlx::Error> {
-        let mut conn = self.pool().acquire().await?;
-        self.statements()
-            .reset(&mut conn, scope, key.as_uuid())
-            .await
+        let mut tx = self.bounded_transaction().await?;
+        let reset = self
+            .statements()
+            .reset(&mut tx, scope, key.as_uuid())
+            .await?;
+        tx.commit().await?;
+        Ok(reset)
+    }
+
+    /// Forgets which crate owns `scope` (see [`scope`](crate::scope)), after the crate
+    /// that declares its handler was renamed: the next handler that runs with the scope
+    /// records its own crate. The scope's keys stay. Returns whether an owner was recorded.
+    pub async fn release_scope(&self, scope: &str) -> Result<bool, sqlx::Error> {
+        let statement = format!(
+            "DELETE FROM {} WHERE scope = $1",
+            self.statements().scopes_table
+        );
+        let done = sqlx::query(&statement)
+            .bind(scope)
+            .execute(self.pool())
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 }
 

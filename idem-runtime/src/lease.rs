@@ -53,6 +53,7 @@ use crate::cache;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::outcome::{Error, HandlerError, Outcome, error_chain};
+use crate::scope;
 use crate::store::LeaseClaim;
 use crate::transactional;
 
@@ -110,18 +111,19 @@ impl Lease {
     /// lease runs out in long work; fails with [`LeaseError::Lost`] if the lease is gone.
     pub async fn extend(&self, duration: Duration) -> Result<(), LeaseError> {
         let inner = &self.inner;
-        let mut conn = inner.idem.pool().acquire().await?;
+        let mut tx = inner.idem.bounded_transaction().await?;
         let extended = inner
             .idem
             .statements()
             .extend_lease(
-                &mut conn,
+                &mut tx,
                 inner.scope,
                 inner.key.as_uuid(),
                 inner.token,
                 duration,
             )
             .await?;
+        tx.commit().await?;
         if extended {
             Ok(())
         } else {
@@ -161,6 +163,8 @@ where
     F: FnOnce(Lease) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
+    let identity = scope::handler_identity::<F>();
+    idem.check_scope(spec, identity).await?;
     let statements = idem.statements();
     let cache_policy = spec.cache;
     let lease = spec.lease_or_default();
@@ -176,10 +180,11 @@ where
         return Ok(duplicate);
     }
 
-    let mut conn = idem.pool().acquire().await?;
-    let attempt = match statements
+    // Every lease statement runs in a short transaction whose lock waits are bounded.
+    let mut tx = idem.bounded_transaction().await?;
+    let claimed = statements
         .claim_lease(
-            &mut conn,
+            &mut tx,
             scope,
             uuid,
             fingerprint,
@@ -187,21 +192,25 @@ where
             lease,
             max_attempts,
         )
-        .await?
-    {
-        LeaseClaim::Won { attempt } => attempt,
-        LeaseClaim::Existing(existing) => {
-            let mismatch = matches!((fingerprint, &existing.fingerprint), (Some(ours), Some(theirs)) if ours != theirs.as_slice());
-            if mismatch {
+        .await;
+    let attempt = match claimed {
+        Ok(LeaseClaim::Won { attempt }) => {
+            tx.commit().await?;
+            attempt
+        }
+        Ok(LeaseClaim::Existing(existing)) => {
+            tx.commit().await?;
+            if transactional::mismatched(fingerprint, &existing) {
                 return Err(Error::PayloadMismatch { key });
             }
-            drop(conn);
             cache::remember_existing(idem, cache_policy, scope, key, &existing).await;
             return transactional::decide(key, existing, &codec);
         }
+        Err(error) if transactional::is_lock_timeout(&error) => {
+            return Err(Error::InProgress { key });
+        }
+        Err(error) => return Err(Error::Database(error)),
     };
-    // Not held while the body runs: the effect may take long.
-    drop(conn);
 
     let guard = Lease {
         inner: Arc::new(LeaseInner {
@@ -214,38 +223,54 @@ where
     };
     let result = body(guard).await;
 
-    let mut conn = idem.pool().acquire().await?;
-    match result {
+    let (text, failure) = match result {
         Ok(value) => {
             let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;
-            if statements
-                .complete_lease(&mut conn, scope, uuid, token, stored.as_ref())
-                .await?
-            {
-                drop(conn);
-                cache::remember(idem, cache_policy, scope, key, fingerprint, stored.as_ref()).await;
-                Ok(Outcome::Executed(value))
-            } else {
-                tracing::warn!(%key, scope, "lease lost before completion; the outcome was not recorded");
-                Err(Error::LeaseLost { key })
+            let completed = async {
+                let mut tx = idem.bounded_transaction().await?;
+                let completed = statements
+                    .complete_lease(&mut tx, scope, uuid, token, stored.as_ref())
+                    .await?;
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(completed)
+            }
+            .await;
+            match completed {
+                Ok(true) => {
+                    cache::remember(idem, cache_policy, scope, key, fingerprint, stored.as_ref())
+                        .await;
+                    return Ok(Outcome::Executed(value));
+                }
+                Ok(false) => {
+                    tracing::warn!(%key, scope, "lease lost before completion; the outcome was not recorded");
+                    return Err(Error::LeaseLost { key });
+                }
+                // Refused by the server: count it as a failed attempt, so that an effect
+                // whose completion can never be recorded is repeated at most
+                // `max_attempts` times, then parked.
+                Err(error) if error.as_database_error().is_some() => {
+                    (error_chain(&error), Err(Error::Database(error)))
+                }
+                Err(error) => return Err(Error::Database(error)),
             }
         }
-        Err(error) => {
-            let text = error_chain(error.as_std_error());
-            match statements
-                .fail_lease(&mut conn, scope, uuid, token, &text, max_attempts)
-                .await?
-            {
-                Some((attempts, parked)) => Err(Error::Handler {
-                    source: error,
-                    attempts,
-                    parked,
-                }),
-                None => {
-                    tracing::warn!(%key, scope, error = %text, "lease lost before the failure was recorded");
-                    Err(Error::LeaseLost { key })
-                }
-            }
+        Err(error) => (error_chain(error.as_std_error()), Ok(error)),
+    };
+    let mut tx = idem.bounded_transaction().await?;
+    let recorded = statements
+        .fail_lease(&mut tx, scope, uuid, token, &text, max_attempts)
+        .await?;
+    tx.commit().await?;
+    match (recorded, failure) {
+        (Some((attempts, parked)), Ok(source)) => Err(Error::Handler {
+            source,
+            attempts,
+            parked,
+        }),
+        (Some(_), Err(error)) => Err(error),
+        (None, _) => {
+            tracing::warn!(%key, scope, error = %text, "lease lost before the failure was recorded");
+            Err(Error::LeaseLost { key })
         }
     }
 }

@@ -192,9 +192,11 @@ pub mod cache;
 pub mod config;
 mod handle;
 pub mod handler;
+mod inflight;
 pub mod key;
 pub mod lease;
 mod outcome;
+pub mod scope;
 pub mod store;
 pub mod transactional;
 

@@ -39,16 +39,22 @@ impl<T> Outcome<T> {
 
 /// What a consumer should do with a message whose delivery returned an [`Error`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Disposition {
     /// Deliver it again later: the failure is recorded or transient, and a retry can succeed.
     Retry,
     /// Retrying cannot help (bad key, mismatched payload, parked key): move it aside, for
     /// example to a dead-letter table, and go on.
     DeadLetter,
+    /// The deployment is wrong (two handlers share a scope by accident): no message of
+    /// this handler can be processed safely. Stop consuming and alert; neither retry nor
+    /// dead-letter the message.
+    Halt,
 }
 
 /// Why a delivery did not end in an [`Outcome`].
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error<E> {
     /// The handler returned an error. Its effects were rolled back and the failure was
     /// recorded (`failed`, the error text, the attempt count); the next delivery retries.
@@ -114,8 +120,26 @@ pub enum Error<E> {
     ResultEncoding(serde_json::Error),
     /// PostgreSQL failed (connection lost, commit failed, ...). Whether a commit that
     /// failed took effect is unknown; the next delivery finds out through the status table.
+    /// A failure that PostgreSQL reported about the handler's own transaction (a deferred
+    /// constraint, an aborted transaction) is recorded as a failed attempt, so that a
+    /// message that can never commit is parked after `max_attempts`.
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
+    /// The handler's body ended the transaction that holds its key (it ran `COMMIT` or
+    /// `ROLLBACK` itself): the claim and the effects no longer commit together. The key
+    /// is parked; fix the handler, then [`Idem::reset`](crate::Idem::reset) the key.
+    #[error(
+        "the body of the handler of key {key} ended the transaction that holds the key (it ran COMMIT or ROLLBACK itself); the key is parked"
+    )]
+    TransactionEnded {
+        /// The key.
+        key: IdempotencyKey,
+    },
+    /// Two handlers use one scope without declaring it shared: their keys would answer
+    /// each other's messages. Nothing was claimed or run. Give one of them its own
+    /// `scope`, or declare `shared_scope = true` on both when that is intended.
+    #[error("scope conflict: {0}")]
+    ScopeConflict(#[source] crate::scope::ScopeConflict),
 }
 
 impl<E> Error<E> {
@@ -127,7 +151,9 @@ impl<E> Error<E> {
             | Error::PayloadMismatch { .. }
             | Error::Key(_)
             | Error::StoredResult { .. }
-            | Error::ResultEncoding(_) => Disposition::DeadLetter,
+            | Error::ResultEncoding(_)
+            | Error::TransactionEnded { .. } => Disposition::DeadLetter,
+            Error::ScopeConflict(_) => Disposition::Halt,
             Error::Handler { parked: false, .. }
             | Error::InProgress { .. }
             | Error::LeaseLost { .. }
@@ -189,8 +215,33 @@ impl<E: StdError + 'static> HandlerError for E {
     }
 }
 
-/// The error and its sources, `: `-separated, as recorded in `last_error`.
+/// The longest `last_error` recorded, in bytes; longer texts are cut at a character
+/// boundary and marked.
+pub(crate) const MAX_ERROR_TEXT: usize = 2048;
+
+/// The error and its sources, `: `-separated, as recorded in `last_error`: NUL characters
+/// (which PostgreSQL's text refuses) replaced by U+FFFD, and at most [`MAX_ERROR_TEXT`]
+/// bytes.
 pub(crate) fn error_chain(error: &(dyn StdError + 'static)) -> String {
+    storable_text(&full_chain(error))
+}
+
+/// `text` as it can be stored in a `text` column: without NUL, bounded in length.
+pub(crate) fn storable_text(text: &str) -> String {
+    const MARK: &str = " [truncated]";
+    let mut text = text.replace('\0', "\u{fffd}");
+    if text.len() > MAX_ERROR_TEXT {
+        let mut cut = MAX_ERROR_TEXT - MARK.len();
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str(MARK);
+    }
+    text
+}
+
+fn full_chain(error: &(dyn StdError + 'static)) -> String {
     struct Chain<'a>(&'a (dyn StdError + 'static));
     impl fmt::Display for Chain<'_> {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

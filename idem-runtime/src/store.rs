@@ -83,11 +83,25 @@ pub(crate) struct Existing {
     pub last_error: Option<String>,
 }
 
+/// What a claim statement is about.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClaimedKey<'a> {
+    pub scope: &'a str,
+    pub key: Uuid,
+    pub fingerprint: Option<&'a [u8]>,
+    /// The lock timeout the body runs with: the session's own.
+    pub body_lock_timeout: &'a str,
+}
+
 /// What the claim statement found.
 #[derive(Debug)]
 pub(crate) enum Claim {
-    /// This transaction inserted the key, or took over a `failed` one.
-    Won,
+    /// This transaction inserted the key, or took over a `failed` one; `xid` is the
+    /// transaction's id, which the commit checks.
+    Won { xid: i64 },
+    /// Nothing to read in this statement's snapshot: the row in the way was committed
+    /// (or deleted) while the statement waited. Claim again.
+    Again,
     /// The key exists and is not ours: succeeded, parked, held by a lease, or recorded
     /// with another payload fingerprint.
     Existing(Existing),
@@ -138,8 +152,11 @@ fn millis(duration: Duration) -> i64 {
 pub(crate) struct Statements {
     pub begin: String,
     claim: String,
-    claim_lock_timeout_ms: i32,
-    table: String,
+    takeover: String,
+    pub table: String,
+    pub scopes_table: String,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub instance: String,
     record_failure: String,
     record: String,
     reset: String,
@@ -151,25 +168,55 @@ pub(crate) struct Statements {
     fail_lease: String,
 }
 
+/// The columns of a claim's answer: the transaction id when the key was won, the row in
+/// the way otherwise.
+const CLAIM_COLUMNS: &str = "xid, NULL::text AS status, NULL::integer AS attempts, \
+     NULL::bytea AS fingerprint, NULL::json AS result, NULL::text AS last_error";
+
 impl Statements {
     pub fn new(config: &Config) -> Self {
-        let table = format!("{}.idem_keys", config.schema);
-        let lock_timeout_ms = config.lock_timeout.as_millis().max(1);
+        let schema = &config.schema;
+        let table = format!("{schema}.idem_keys");
+        let lock_timeout_ms = config.lock_timeout.as_millis().clamp(1, i32::MAX as u128);
+        // The row in the way, read in the same statement when nothing was written.
+        let in_the_way = |written: &str| {
+            format!(
+                "SELECT {CLAIM_COLUMNS} FROM {written} \
+                 UNION ALL \
+                 SELECT NULL, k.status, k.attempts, k.fingerprint, k.result, k.last_error \
+                 FROM {table} AS k \
+                 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT FROM {written})"
+            )
+        };
         Statements {
-            // One round trip: open the transaction, remember the session's lock timeout and
-            // bound how long the claim may wait behind an in-flight claim of the same key.
-            begin: format!(
-                "BEGIN; SELECT set_config('idem.saved_lock_timeout', current_setting('lock_timeout'), true); \
-                 SET LOCAL lock_timeout = '{lock_timeout_ms}ms'"
-            ),
-            // Claim, take over a failed key, or read the row that is in the way: one call
-            // of the function that migrations 0002 and 0004 create (plans cached per session).
+            // One round trip: open the transaction and bound its lock waits: the claim's
+            // wait behind an in-flight claim of the same key. A claim that wins sets the
+            // session's own lock timeout back for the body (`$4` of the claim statements).
+            begin: format!("BEGIN; SET LOCAL lock_timeout = '{lock_timeout_ms}ms'"),
+            // The common case, a new key, is one insert; the row in the way (a duplicate,
+            // a parked or failed key) is read by the same statement.
             claim: format!(
-                "SELECT won, status, attempts, fingerprint, result, last_error \
-                 FROM {schema}.idem_claim($1, $2, $3, $4)",
-                schema = config.schema
+                "WITH claimed AS ( \
+                    INSERT INTO {table} AS k (scope, key, status, attempts, fingerprint) \
+                    VALUES ($1, $2, 'success', 1, $3) \
+                    ON CONFLICT (scope, key) DO NOTHING \
+                    RETURNING pg_current_xact_id()::text::bigint AS xid, \
+                              set_config('lock_timeout', $4, true) AS restored) {}",
+                in_the_way("claimed")
             ),
-            claim_lock_timeout_ms: i32::try_from(lock_timeout_ms).unwrap_or(i32::MAX),
+            // A `failed` key with the same payload is taken over under its row lock; a
+            // fingerprint first given now is recorded.
+            takeover: format!(
+                "WITH claimed AS ( \
+                    UPDATE {table} AS k \
+                    SET status = 'success', attempts = k.attempts + 1, updated_at = now(), \
+                        fingerprint = coalesce(k.fingerprint, $3) \
+                    WHERE k.scope = $1 AND k.key = $2 AND k.status = 'failed' \
+                      AND ($3::bytea IS NULL OR k.fingerprint IS NULL OR k.fingerprint = $3) \
+                    RETURNING pg_current_xact_id()::text::bigint AS xid, \
+                              set_config('lock_timeout', $4, true) AS restored) {}",
+                in_the_way("claimed")
+            ),
             // After the handler's transaction rolled back. Never overwrites a success (or a
             // parked key) that another delivery wrote meanwhile.
             record_failure: format!(
@@ -178,7 +225,8 @@ impl Statements {
                  ON CONFLICT (scope, key) DO UPDATE \
                  SET attempts = k.attempts + 1, \
                      status = CASE WHEN k.attempts + 1 >= $5 THEN 'parked' ELSE 'failed' END, \
-                     last_error = EXCLUDED.last_error, updated_at = now() \
+                     last_error = EXCLUDED.last_error, updated_at = now(), \
+                     fingerprint = coalesce(k.fingerprint, EXCLUDED.fingerprint) \
                  WHERE k.status = 'failed' \
                  RETURNING attempts, status"
             ),
@@ -190,6 +238,11 @@ impl Statements {
                 "UPDATE {table} SET status = 'failed', attempts = 0, updated_at = now() \
                  WHERE scope = $1 AND key = $2 AND status IN ('failed', 'parked')"
             ),
+            scopes_table: format!("{schema}.idem_scopes"),
+            instance: format!(
+                "SELECT id::text || ':' || current_database() || ':' || '{schema}' \
+                 FROM {schema}.idem_instance LIMIT 1"
+            ),
             table: table.clone(),
             // Lease mode. Expiry is computed and compared on the database's clock only.
             claim_lease: format!(
@@ -199,6 +252,7 @@ impl Statements {
                  ON CONFLICT (scope, key) DO UPDATE \
                  SET status = 'processing', attempts = k.attempts + 1, \
                      lease_owner = EXCLUDED.lease_owner, lease_expires_at = EXCLUDED.lease_expires_at, \
+                     fingerprint = coalesce(k.fingerprint, EXCLUDED.fingerprint), \
                      updated_at = now() \
                  WHERE (k.status = 'failed' \
                         OR (k.status = 'processing' AND k.lease_expires_at <= now() AND k.attempts < $6)) \
@@ -238,42 +292,87 @@ impl Statements {
         }
     }
 
+    /// Claims `key` in the caller's transaction: inserts it, or reads the row in the way.
+    /// A claim that wins sets the lock timeout to `body_lock_timeout` for the body.
     pub async fn claim(
         &self,
         conn: &mut PgConnection,
-        scope: &str,
-        key: Uuid,
-        fingerprint: Option<&[u8]>,
+        key: ClaimedKey<'_>,
     ) -> Result<Claim, sqlx::Error> {
-        let row = sqlx::query(&self.claim)
-            .bind(scope)
-            .bind(key)
-            .bind(fingerprint)
-            .bind(self.claim_lock_timeout_ms)
-            .fetch_one(conn)
+        self.claim_with(&self.claim, conn, key).await
+    }
+
+    /// Takes over a `failed` key with a matching payload, or reads the row in the way
+    /// with a new snapshot.
+    pub async fn takeover(
+        &self,
+        conn: &mut PgConnection,
+        key: ClaimedKey<'_>,
+    ) -> Result<Claim, sqlx::Error> {
+        self.claim_with(&self.takeover, conn, key).await
+    }
+
+    async fn claim_with(
+        &self,
+        statement: &str,
+        conn: &mut PgConnection,
+        key: ClaimedKey<'_>,
+    ) -> Result<Claim, sqlx::Error> {
+        let row = sqlx::query(statement)
+            .bind(key.scope)
+            .bind(key.key)
+            .bind(key.fingerprint)
+            .bind(key.body_lock_timeout)
+            .fetch_optional(conn)
             .await?;
-        if row.try_get::<bool, _>("won")? {
-            Ok(Claim::Won)
-        } else {
-            existing(&row).map(Claim::Existing)
+        let Some(row) = row else {
+            return Ok(Claim::Again);
+        };
+        match row.try_get::<Option<i64>, _>("xid")? {
+            Some(xid) => Ok(Claim::Won { xid }),
+            None => existing(&row).map(Claim::Existing),
         }
     }
 
-    /// The `UPDATE` storing `result`, with its values inlined (hex-encoded, so no value
-    /// can be read as SQL), to be sent in one simple query with the commit.
-    pub fn store_result_inline(
+    /// The statements that end a won claim's transaction, in one simple query: a check
+    /// that fails unless the transaction `xid` is still open and not aborted (a body that
+    /// swallowed a failed statement, or ran `COMMIT` or `ROLLBACK` itself), the `UPDATE`
+    /// storing `result` where there is one, `COMMIT`, and a `BEGIN` that leaves the
+    /// connection as the `Transaction` guard expects it (its drop rolls that one back
+    /// with the connection's next message).
+    ///
+    /// The result's values are inlined hex-encoded, so that no value can be read as SQL.
+    pub fn commit(
         &self,
         scope: &str,
         key: Uuid,
-        result: &serde_json::Value,
+        xid: i64,
+        result: Option<&serde_json::Value>,
     ) -> String {
-        format!(
-            "UPDATE {table} SET result = convert_from(decode('{result}', 'hex'), 'UTF8')::jsonb \
-             WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key = '{key}'",
-            table = self.table,
-            result = hex(result.to_string().as_bytes()),
-            scope = hex(scope.as_bytes()),
-        )
+        let check = Self::check(xid);
+        match result {
+            Some(result) => format!(
+                "{check}; UPDATE {table} SET result = convert_from(decode('{result}', 'hex'), 'UTF8')::json \
+                 WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key = '{key}'; \
+                 COMMIT; BEGIN",
+                table = self.table,
+                result = hex(result.to_string().as_bytes()),
+                scope = hex(scope.as_bytes()),
+            ),
+            None => format!("{check}; COMMIT; BEGIN"),
+        }
+    }
+
+    /// [`commit`](Self::commit) without a result to store.
+    pub fn commit_only(&self, xid: i64) -> String {
+        format!("{}; COMMIT; BEGIN", Self::check(xid))
+    }
+
+    /// A statement that fails unless the transaction `xid` is open and not aborted:
+    /// `division_by_zero` when it is not this transaction, `in_failed_sql_transaction`
+    /// when it is aborted.
+    fn check(xid: i64) -> String {
+        format!("SELECT 1 / coalesce(pg_current_xact_id_if_assigned() = '{xid}'::xid8, false)::int")
     }
 
     /// Records a failed attempt; returns the attempts and whether the key is now parked,

@@ -28,7 +28,8 @@ use crate::cache;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::outcome::{Error, HandlerError, Outcome, error_chain, is_transient};
-use crate::store::{Claim, Existing, Status};
+use crate::scope;
+use crate::store::{Claim, ClaimedKey, Existing, Status};
 
 /// Runs `body` at most once to success for `key` in `spec.scope`, in one transaction with
 /// the claim of the key. This is what `#[idempotent]` generates a call of.
@@ -65,6 +66,26 @@ pub async fn run<T, E, C, F, Fut>(
     key: IdempotencyKey,
     fingerprint: Option<[u8; 32]>,
     codec: C,
+    body: F,
+) -> Result<Outcome<T>, Error<E>>
+where
+    C: ResultCodec<T>,
+    E: HandlerError,
+    F: FnMut(Transaction<'static, Postgres>) -> Fut,
+    Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
+{
+    let identity = scope::handler_identity::<F>();
+    idem.check_scope(spec, identity).await?;
+    run_checked(idem, spec, key, fingerprint, codec, body).await
+}
+
+/// [`run`] for a handler whose scope is checked already (the batch path's one-by-one pass).
+pub(crate) async fn run_checked<T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    key: IdempotencyKey,
+    fingerprint: Option<[u8; 32]>,
+    codec: C,
     mut body: F,
 ) -> Result<Outcome<T>, Error<E>>
 where
@@ -73,12 +94,10 @@ where
     F: FnMut(Transaction<'static, Postgres>) -> Fut,
     Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
 {
-    let statements = idem.statements();
     let cache_policy = spec.cache;
     let scope = spec.scope;
     let uuid = key.as_uuid();
     let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);
-    let max_attempts = spec.max_attempts.unwrap_or(idem.config().max_attempts());
     let mut retries = Retries::new(idem.config().transient_retries());
     // A key cached as succeeded is a duplicate without a word to PostgreSQL.
     if let Some(duplicate) =
@@ -86,11 +105,22 @@ where
     {
         return Ok(duplicate);
     }
+    // Other deliveries of the key in this process go first, without a connection held.
+    let Some(_turn) = idem
+        .in_flight()
+        .wait(scope, uuid, idem.config().lock_timeout())
+        .await
+    else {
+        return Err(Error::InProgress { key });
+    };
 
     loop {
-        let mut tx = idem.pool().begin().await?;
-        match claim(idem, &mut tx, scope, key, fingerprint).await {
-            Ok(Claimed::Owned) => {}
+        let mut tx = idem
+            .pool()
+            .begin_with(idem.statements().begin.clone())
+            .await?;
+        let xid = match claim(idem, &mut tx, scope, key, fingerprint).await {
+            Ok(Claimed::Owned { xid }) => xid,
             Ok(Claimed::Found(existing)) => {
                 // Read-only so far: dropping the transaction rolls it back on release.
                 drop(tx);
@@ -98,18 +128,20 @@ where
                 return decide(key, existing, &codec);
             }
             Ok(Claimed::Mismatch) => return Err(Error::PayloadMismatch { key }),
+            Ok(Claimed::Contended) => return Err(Error::InProgress { key }),
             Err(error) if is_lock_timeout(&error) => {
                 return Err(Error::InProgress { key });
             }
             Err(error) if retries.take(&error).await => continue,
             Err(error) => return Err(Error::Database(error)),
-        }
+        };
 
         let (tx, result) = body(tx).await;
-        match result {
+        let failure = match result {
             Ok(value) => {
                 let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;
-                match commit(idem, tx, scope, key, stored.as_ref()).await {
+                let commit = idem.statements().commit(scope, uuid, xid, stored.as_ref());
+                match commit_checked(tx, &commit).await {
                     Ok(()) => {
                         cache::remember(
                             idem,
@@ -123,6 +155,27 @@ where
                         return Ok(Outcome::Executed(value));
                     }
                     Err(error) if retries.take(&error).await => continue,
+                    Err(error) if ended_by_body(&error) => {
+                        let text = "the handler's body ended the transaction that held its key (COMMIT or ROLLBACK in the body)";
+                        record_failure(idem, spec, key, fingerprint, text, 1).await;
+                        return Err(Error::TransactionEnded { key });
+                    }
+                    Err(error) if is_refusal(&error) => {
+                        // Reported by the server about this transaction (an aborted
+                        // transaction, a deferred constraint): an attempt like a handler
+                        // error, so that a message that can never commit is parked.
+                        let text = format!("commit failed: {error}");
+                        record_failure(
+                            idem,
+                            spec,
+                            key,
+                            fingerprint,
+                            &text,
+                            max_attempts(idem, spec),
+                        )
+                        .await;
+                        return Err(Error::Database(error));
+                    }
                     Err(error) => return Err(Error::Database(error)),
                 }
             }
@@ -132,40 +185,86 @@ where
                 if is_transient(error.as_std_error()) && retries.wait().await {
                     continue;
                 }
-                let text = error_chain(error.as_std_error());
-                let mut conn = idem.pool().acquire().await?;
-                let recorded = statements
-                    .record_failure(&mut conn, scope, uuid, fingerprint, &text, max_attempts)
-                    .await;
-                let (attempts, parked) = match recorded {
-                    Ok(Some(recorded)) => recorded,
-                    Ok(None) => (0, false),
-                    Err(record_error) => {
-                        tracing::warn!(%key, scope, error = %record_error, "could not record a handler failure");
-                        (0, false)
-                    }
-                };
-                tracing::debug!(%key, scope, attempts, parked, error = %text, "handler failed");
-                return Err(Error::Handler {
-                    source: error,
-                    attempts,
-                    parked,
-                });
+                error
             }
+        };
+        let text = error_chain(failure.as_std_error());
+        let (attempts, parked) = record_failure(
+            idem,
+            spec,
+            key,
+            fingerprint,
+            &text,
+            max_attempts(idem, spec),
+        )
+        .await
+        .unwrap_or((0, false));
+        tracing::debug!(%key, scope, attempts, parked, error = %text, "handler failed");
+        return Err(Error::Handler {
+            source: failure,
+            attempts,
+            parked,
+        });
+    }
+}
+
+fn max_attempts(idem: &Idem, spec: &HandlerSpec) -> u32 {
+    spec.max_attempts.unwrap_or(idem.config().max_attempts())
+}
+
+/// Records a failed attempt of `key` in a short transaction of its own (its lock waits
+/// bounded by the lock timeout): the attempts and whether the key is now parked, or
+/// `None` when it could not be recorded or another delivery finished the key meanwhile.
+pub(crate) async fn record_failure(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    key: IdempotencyKey,
+    fingerprint: Option<&[u8]>,
+    text: &str,
+    max_attempts: u32,
+) -> Option<(u32, bool)> {
+    let recorded = async {
+        let mut tx = idem
+            .pool()
+            .begin_with(idem.statements().begin.clone())
+            .await?;
+        let recorded = idem
+            .statements()
+            .record_failure(
+                &mut tx,
+                spec.scope,
+                key.as_uuid(),
+                fingerprint,
+                text,
+                max_attempts,
+            )
+            .await?;
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>(recorded)
+    };
+    match recorded.await {
+        Ok(recorded) => recorded,
+        Err(error) => {
+            tracing::warn!(%key, scope = spec.scope, %error, "could not record a handler failure");
+            None
         }
     }
 }
 
 /// What the claim found.
 enum Claimed {
-    /// This transaction holds the key: run the body.
-    Owned,
+    /// This transaction holds the key: run the body. `xid` is the transaction's id.
+    Owned { xid: i64 },
     /// The key's existing row decides the delivery.
     Found(Existing),
     /// The key was recorded with another payload fingerprint.
     Mismatch,
+    /// The row kept changing under the claim: another delivery is working on it.
+    Contended,
 }
 
+/// Claims the key: inserts it (the common case, one statement), or takes over a `failed`
+/// key with the same payload, or reads the row that decides the delivery.
 async fn claim(
     idem: &Idem,
     conn: &mut PgConnection,
@@ -173,21 +272,42 @@ async fn claim(
     key: IdempotencyKey,
     fingerprint: Option<&[u8]>,
 ) -> Result<Claimed, sqlx::Error> {
-    let claim = idem
-        .statements()
-        .claim(conn, scope, key.as_uuid(), fingerprint)
-        .await?;
-    Ok(match claim {
-        Claim::Won => Claimed::Owned,
-        Claim::Existing(existing) => {
-            let mismatch = matches!((fingerprint, &existing.fingerprint), (Some(ours), Some(theirs)) if ours != theirs.as_slice());
-            if mismatch {
-                Claimed::Mismatch
-            } else {
-                Claimed::Found(existing)
+    let statements = idem.statements();
+    let body_lock_timeout = idem.session_lock_timeout().await?;
+    let claimed = ClaimedKey {
+        scope,
+        key: key.as_uuid(),
+        fingerprint,
+        body_lock_timeout,
+    };
+    let mut claim = statements.claim(conn, claimed).await?;
+    // Each turn reads with a new snapshot; a row that keeps changing under it belongs to
+    // deliveries that are still working on the key.
+    for _ in 0..4 {
+        match claim {
+            Claim::Won { xid } => return Ok(Claimed::Owned { xid }),
+            Claim::Existing(existing) if mismatched(fingerprint, &existing) => {
+                return Ok(Claimed::Mismatch);
+            }
+            Claim::Existing(existing) if existing.status != Status::Failed => {
+                return Ok(Claimed::Found(existing));
+            }
+            // Failed (take it over), or committed or purged while the claim waited.
+            Claim::Existing(_) | Claim::Again => {
+                claim = statements.takeover(conn, claimed).await?;
+                if let Claim::Again = claim {
+                    // Gone: claim it afresh.
+                    claim = statements.claim(conn, claimed).await?;
+                }
             }
         }
-    })
+    }
+    Ok(Claimed::Contended)
+}
+
+/// Whether the payload fingerprints of a delivery and of the key's row differ.
+pub(crate) fn mismatched(ours: Option<&[u8]>, existing: &Existing) -> bool {
+    matches!((ours, &existing.fingerprint), (Some(ours), Some(theirs)) if ours != theirs.as_slice())
 }
 
 pub(crate) fn decide<T, E, C: ResultCodec<T>>(
@@ -209,44 +329,50 @@ pub(crate) fn decide<T, E, C: ResultCodec<T>>(
     }
 }
 
-async fn commit(
-    idem: &Idem,
-    tx: Transaction<'static, Postgres>,
-    scope: &str,
-    key: IdempotencyKey,
-    stored: Option<&serde_json::Value>,
-) -> Result<(), sqlx::Error> {
-    match stored {
-        Some(result) => {
-            let store = idem
-                .statements()
-                .store_result_inline(scope, key.as_uuid(), result);
-            commit_checked(tx, &store).await
-        }
-        None => commit_checked(tx, "SELECT 1").await,
-    }
-}
-
-/// Commits in one round trip, and fails if the body left the transaction aborted.
+/// Commits in one round trip with the statements of [`Statements::commit`]: a check that
+/// fails if the body left the transaction aborted or ended it, the result, `COMMIT`.
 ///
 /// PostgreSQL answers `COMMIT` in an aborted transaction (a body that swallowed a failed
-/// statement and returned `Ok`) with a rollback and no error, which would lose the claim
-/// and the effects behind an `Outcome::Executed`. So the commit goes out as one simple
-/// query, `<first>; COMMIT; BEGIN`: `first` fails in an aborted transaction and stops the
-/// rest. The trailing `BEGIN` opens an empty transaction for the `Transaction` guard,
-/// which rolls it back when dropped, in the same round trip as the connection's release.
+/// statement and returned `Ok`) with a rollback and no error, and a body that ran
+/// `ROLLBACK` itself leaves the next statements in autocommit: either would lose the
+/// claim and the effects behind an `Outcome::Executed`. The check stops the rest of the
+/// query instead. The trailing `BEGIN` opens an empty transaction for the `Transaction`
+/// guard, which rolls it back when dropped, in the same round trip as the connection's
+/// next use.
 pub(crate) async fn commit_checked(
     mut tx: Transaction<'static, Postgres>,
-    first: &str,
+    statements: &str,
 ) -> Result<(), sqlx::Error> {
-    let statements = format!("{first}; COMMIT; BEGIN");
     let conn: &mut PgConnection = &mut tx;
-    conn.execute(statements.as_str()).await?;
+    conn.execute(statements).await?;
     drop(tx);
     Ok(())
 }
 
-fn is_lock_timeout(error: &sqlx::Error) -> bool {
+/// Whether PostgreSQL refused the transaction for what it holds (a deferred constraint, an
+/// aborted transaction, a value it cannot store): a failure of the message, counted as an
+/// attempt. Not: a lost or killed connection, a server shutting down or out of resources,
+/// a serialization failure or deadlock (classes 08, 40, 53, 57, 58), which say nothing
+/// about the message.
+pub(crate) fn is_refusal(error: &sqlx::Error) -> bool {
+    error.as_database_error().is_some_and(|db| {
+        let code = db.code();
+        let class = code
+            .as_deref()
+            .map_or("", |code| code.get(..2).unwrap_or(""));
+        !matches!(class, "" | "08" | "40" | "53" | "57" | "58")
+    })
+}
+
+/// Whether the commit's check found that the body ended the claim's transaction
+/// (`division_by_zero` from the check statement, the only division in the commit).
+pub(crate) fn ended_by_body(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|db| db.code().as_deref() == Some("22012"))
+}
+
+pub(crate) fn is_lock_timeout(error: &sqlx::Error) -> bool {
     error
         .as_database_error()
         .is_some_and(|db| db.code().as_deref() == Some("55P03"))

@@ -217,6 +217,15 @@ impl Verdict {
                     in_progress: matches!(error, idem_runtime::Error::InProgress { .. }),
                     error: error_chain(&error),
                 },
+                // A deployment error (two handlers on one scope): nothing is committed past
+                // the message, and the error is logged at every retry.
+                _ => {
+                    tracing::error!(error = %error_chain(&error), "the handler cannot run: fix the deployment");
+                    Verdict::Retry {
+                        in_progress: false,
+                        error: error_chain(&error),
+                    }
+                }
             },
         }
     }
