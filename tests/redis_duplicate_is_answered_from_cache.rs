@@ -45,7 +45,7 @@ async fn duplicate_after_commit_is_answered_from_redis(pool: PgPool) {
         .part("order_id", &event.order_id)
         .unwrap()
         .finish();
-    let name = redis_support::entry_name(&prefix, "cached_pay", key);
+    let name = redis_support::entry_name(&idem, &prefix, "cached_pay", key).await;
     let ttl = redis_support::pttl(&redis_support::redis_url(), &name).await;
     assert!((590_000..=600_000).contains(&ttl), "ttl {ttl} ms");
 

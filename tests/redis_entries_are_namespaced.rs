@@ -1,4 +1,4 @@
-//! Redis entries are named `<prefix><scope>:<key>` and hold idem's JSON entry; handles with different prefixes sharing one Redis do not see each other's entries.
+//! Redis entries are named `<prefix><namespace>:<scope>:<key>` and hold idem's JSON entry; handles with different prefixes sharing one Redis do not see each other's entries.
 #![cfg(feature = "redis")]
 
 mod redis_support;
@@ -42,7 +42,7 @@ async fn entries_are_namespaced_by_prefix(pool: PgPool) {
         panic!("the first delivery executes");
     };
     redis_support::written(&billing, 1).await;
-    let name = format!("{billing_prefix}named_pay:{key}");
+    let name = redis_support::entry_name(&billing, &billing_prefix, "named_pay", key).await;
     assert_eq!(
         redis_support::names_under(&url, &billing_prefix).await,
         vec![name.clone()]
@@ -72,6 +72,6 @@ async fn entries_are_namespaced_by_prefix(pool: PgPool) {
     assert_eq!((stats.hits, stats.misses, stats.writes), (0, 1, 1));
     assert_eq!(
         redis_support::names_under(&url, &shipping_prefix).await,
-        vec![format!("{shipping_prefix}named_pay:{key}")]
+        vec![redis_support::entry_name(&shipping, &shipping_prefix, "named_pay", key).await]
     );
 }

@@ -31,7 +31,7 @@ async fn garbage_entries_fall_back_to_postgres(pool: PgPool) {
         .part("order_id", &event.order_id)
         .unwrap()
         .finish();
-    let name = redis_support::entry_name(&prefix, "garbage_pay", key);
+    let name = redis_support::entry_name(&idem, &prefix, "garbage_pay", key).await;
     let Outcome::Executed(receipt) = pay(&idem, &event).await.unwrap() else {
         panic!("the first delivery executes");
     };

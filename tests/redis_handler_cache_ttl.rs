@@ -40,7 +40,7 @@ async fn handler_ttl_overrides_the_handle_ttl(pool: PgPool) {
 
     let short = redis_support::pttl(
         &url,
-        &redis_support::entry_name(&prefix, "short_lived_pay", key),
+        &redis_support::entry_name(&idem, &prefix, "short_lived_pay", key).await,
     )
     .await;
     assert!(
@@ -49,7 +49,7 @@ async fn handler_ttl_overrides_the_handle_ttl(pool: PgPool) {
     );
     let default = redis_support::pttl(
         &url,
-        &redis_support::entry_name(&prefix, "default_lived_pay", key),
+        &redis_support::entry_name(&idem, &prefix, "default_lived_pay", key).await,
     )
     .await;
     assert!(

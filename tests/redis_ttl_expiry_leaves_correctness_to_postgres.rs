@@ -30,7 +30,7 @@ async fn expired_entries_leave_the_answer_to_postgres(pool: PgPool) {
         .part("order_id", &event.order_id)
         .unwrap()
         .finish();
-    let name = redis_support::entry_name(&prefix, "expiring_pay", key);
+    let name = redis_support::entry_name(&idem, &prefix, "expiring_pay", key).await;
 
     let Outcome::Executed(id) = pay(&idem, &event).await.unwrap() else {
         panic!("the first delivery executes");

@@ -122,6 +122,17 @@ impl CacheSlot {
         self.cache.as_deref().map(Cache::stats)
     }
 
+    pub(crate) async fn entry_name(
+        &self,
+        idem: &Idem,
+        scope: &str,
+        key: IdempotencyKey,
+    ) -> Option<String> {
+        let cache = self.cache.as_ref()?;
+        let namespace = cache.namespace(idem).await?;
+        Some(cache.name(namespace, scope, key))
+    }
+
     /// The cache and the TTL of its entries under `policy`, if the cache is in use.
     fn active(&self, policy: CachePolicy) -> Option<(&std::sync::Arc<Cache>, Duration)> {
         let cache = self.cache.as_ref()?;
@@ -490,7 +501,7 @@ mod with_redis {
 
         /// `<prefix><namespace>:<scope>:<key>`. The namespace and the key have a fixed
         /// length, so the name is unambiguous.
-        fn name(&self, namespace: &str, scope: &str, key: IdempotencyKey) -> String {
+        pub(super) fn name(&self, namespace: &str, scope: &str, key: IdempotencyKey) -> String {
             format!("{}{namespace}:{scope}:{key}", self.settings.prefix)
         }
 

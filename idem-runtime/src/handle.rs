@@ -146,6 +146,16 @@ impl Idem {
         self.inner.cache.stats()
     }
 
+    /// The name of the Redis entry of `key` in `scope` (`<prefix><namespace>:<scope>:<key>`,
+    /// see [`cache`](crate::cache)), or `None` without a cache or while the namespace
+    /// cannot be read from PostgreSQL. Delete this entry when removing a `success` row by
+    /// hand, so that the next delivery runs the body again.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    pub async fn cache_entry_name(&self, scope: &str, key: IdempotencyKey) -> Option<String> {
+        self.inner.cache.entry_name(self, scope, key).await
+    }
+
     /// Creates the schema if needed and applies the status table's migrations in it.
     ///
     /// Safe to call from every consumer at start-up: migrations take an advisory lock and

@@ -72,9 +72,16 @@ pub async fn written(idem: &Idem, writes: u64) -> CacheStats {
     stats
 }
 
-/// The name of the entry of `key` in `scope`: `<prefix><scope>:<key>`.
-pub fn entry_name(prefix: &str, scope: &str, key: IdempotencyKey) -> String {
-    format!("{prefix}{scope}:{key}")
+/// The name of the entry of `key` in `scope`: `<prefix><namespace>:<scope>:<key>`,
+/// checked to start with the handle's prefix.
+pub async fn entry_name(idem: &Idem, prefix: &str, scope: &str, key: IdempotencyKey) -> String {
+    let name = idem
+        .cache_entry_name(scope, key)
+        .await
+        .expect("the handle has a cache and its namespace");
+    assert!(name.starts_with(prefix), "{name} under {prefix}");
+    assert!(name.ends_with(&format!(":{scope}:{key}")), "{name}");
+    name
 }
 
 /// A connection of the test's own to the Redis at `url`.
