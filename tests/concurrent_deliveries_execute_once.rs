@@ -1,4 +1,4 @@
-//! 64 concurrent deliveries of the same message run the handler body exactly once; every caller gets executed-or-duplicate.
+//! 64 concurrent deliveries of the same message, through 16 runtime handles as 16 processes would make them, run the handler body exactly once; every caller gets executed-or-duplicate.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -50,15 +50,18 @@ async fn sixty_four_concurrent_deliveries_run_the_body_exactly_once(
         .connect_with(connect_options)
         .await
         .unwrap();
-    let idem = testing::setup(&pool).await;
+    testing::setup(&pool).await;
+    // One handle per connection, as separate processes would have: deliveries of one
+    // handle take turns in the process, the handles meet at the claim's row lock.
+    let handles: Vec<Idem> = (0..CONNECTIONS).map(|_| Idem::new(pool.clone())).collect();
     let runs = Arc::new(AtomicUsize::new(0));
     let checkpoint = Checkpoint::new();
     let start = Arc::new(Barrier::new(DELIVERIES));
     let event = testing::paid("o-64", 1_200);
 
     let tasks: Vec<_> = (0..DELIVERIES)
-        .map(|_| {
-            let (idem, start): (Idem, _) = (idem.clone(), start.clone());
+        .map(|n| {
+            let (idem, start): (Idem, _) = (handles[n % handles.len()].clone(), start.clone());
             let delivery = Delivery {
                 event: event.clone(),
                 runs: runs.clone(),
@@ -71,8 +74,8 @@ async fn sixty_four_concurrent_deliveries_run_the_body_exactly_once(
         })
         .collect();
 
-    // The first body holds its transaction open; every other connection of the pool must
-    // end up blocked behind its claim before it commits.
+    // The first body holds its transaction open; the first delivery of every other handle
+    // must end up blocked behind its claim before it commits.
     checkpoint.reached().await;
     let observer = PgPool::connect_with(pool.connect_options().as_ref().clone())
         .await

@@ -114,12 +114,12 @@ where
         return Err(Error::InProgress { key });
     };
 
+    // Read (once per handle) before a connection is held for the transaction.
+    let body_lock_timeout = idem.session_lock_timeout().await?;
+
     loop {
-        let mut tx = idem
-            .pool()
-            .begin_with(idem.statements().begin.clone())
-            .await?;
-        let xid = match claim(idem, &mut tx, scope, key, fingerprint).await {
+        let mut tx = idem.bounded_transaction().await?;
+        let xid = match claim(idem, &mut tx, scope, key, fingerprint, body_lock_timeout).await {
             Ok(Claimed::Owned { xid }) => xid,
             Ok(Claimed::Found(existing)) => {
                 // Read-only so far: dropping the transaction rolls it back on release.
@@ -271,9 +271,9 @@ async fn claim(
     scope: &str,
     key: IdempotencyKey,
     fingerprint: Option<&[u8]>,
+    body_lock_timeout: &str,
 ) -> Result<Claimed, sqlx::Error> {
     let statements = idem.statements();
-    let body_lock_timeout = idem.session_lock_timeout().await?;
     let claimed = ClaimedKey {
         scope,
         key: key.as_uuid(),
