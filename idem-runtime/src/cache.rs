@@ -5,8 +5,8 @@
 //! (`IdemBuilder::redis`, with the feature), such a duplicate is answered from
 //! Redis without touching PostgreSQL, which stays the only source of truth:
 //!
-//! - every delivery looks its key up in Redis first (`GET <prefix><scope>:<key>`); an
-//!   entry means "this key has succeeded": the delivery returns
+//! - every delivery looks its key up in Redis first (`GET <prefix><namespace>:<scope>:<key>`);
+//!   an entry means "this key has succeeded": the delivery returns
 //!   [`Outcome::Duplicate`] with the result stored in the entry, and the body does not run;
 //! - only a committed success is written (`SET ... PX <ttl>`), after the commit, and when
 //!   PostgreSQL answers a duplicate with a `success` row (warming the cache for the next
@@ -23,13 +23,20 @@
 //! - entries expire after the TTL (default 10 minutes, a little above a typical retry
 //!   window); an expired or evicted entry only means that PostgreSQL answers again.
 //!
+//! - the namespace (16 hex digits) identifies the status table: a digest of a random id
+//!   that the migrations store in its schema, of the database's name and of the schema. So
+//!   handles on other databases or schemas (tenants, staging beside production) that
+//!   share one Redis, even with the same prefix, never answer each other's keys. A copy of
+//!   the database restored under the same name shares the id: give the copy's handles
+//!   another [`prefix`](RedisCache::prefix) when both use one Redis;
+//!
 //! A handler can opt out, or keep its entries for another time, with
 //! `#[idempotent(cache = false)]` or `#[idempotent(cache_ttl = "30m")]`; these arguments
 //! need the `redis` feature, and without it they are a compile error that says so.
 //!
 //! Because an entry is final for its TTL, removing a `success` row by hand (to run a
-//! key's body again) must also delete `<prefix><scope>:<key>` from Redis, or wait for
-//! the TTL. [`Idem::reset`](crate::Idem::reset) does not concern cached keys: it only
+//! key's body again) must also delete its entry from Redis
+//! ([`Idem::cache_entry_name`](crate::Idem::cache_entry_name) names it), or wait for the TTL. [`Idem::reset`](crate::Idem::reset) does not concern cached keys: it only
 //! applies to failed and parked keys, which are never cached.
 
 use std::time::Duration;

@@ -15,7 +15,8 @@ use crate::store::{KeyRecord, Statements};
 
 /// The migrations of the status table (`migrations/` of this repository).
 ///
-/// They create the table `idem_keys` and the claim function `idem_claim` in the current
+/// They create the status table `idem_keys`, the scope owners `idem_scopes` and the
+/// cache namespace `idem_instance` in the current
 /// `search_path`; [`Idem::migrate`] applies them in the configured schema.
 pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 

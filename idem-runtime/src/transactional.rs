@@ -1,22 +1,33 @@
 //! The transactional protocol: claim, run and mark a key in the handler's own transaction.
 //!
-//! One transaction per delivery:
+//! Before anything reaches PostgreSQL, the handler's scope is checked (see
+//! [`scope`](crate::scope)), the Redis cache is asked where there is one, and the delivery
+//! takes the key's turn in the process: another delivery of the same key in this process
+//! is waited for here, holding no connection, at most the lock timeout. Then one
+//! transaction per delivery:
 //!
-//! 1. `BEGIN`;
-//! 2. claim: one call of `idem_claim` (a PL/pgSQL function, migrations 0002 and 0004, so
-//!    its statements' plans are cached per session): `INSERT ... ON CONFLICT DO NOTHING` of
-//!    the key as `success`, a takeover of a `failed` key, or else a plain read of the row
-//!    in the way. A concurrent claim of the same key waits inside its `INSERT` until this
-//!    transaction ends, at most the configured lock timeout;
+//! 1. `BEGIN; SET LOCAL lock_timeout = ...` (one round trip);
+//! 2. claim: one prepared statement inserts the key as `success` (`INSERT ... ON CONFLICT
+//!    DO NOTHING`), returning the transaction's id, or else reads the row in the way. A
+//!    claim of the same key by another process waits inside its `INSERT` until this
+//!    transaction ends, at most the lock timeout. Only when the row in the way is `failed`
+//!    does a second statement take it over (under its row lock). A claim that wins sets
+//!    the session's own lock timeout back for the body;
 //! 3. the body, on the same connection;
-//! 4. the result, where there is one to store (`UPDATE` of the row claimed in step 2);
-//! 5. `COMMIT`: the business effects and the key's `success` become visible together.
+//! 4. one simple query: a check that the transaction is still the claim's and not aborted,
+//!    the result where there is one to store (`UPDATE` of the row claimed in step 2), and
+//!    `COMMIT`: the business effects and the key's `success` become visible together.
 //!
 //! A row found in step 2 decides without running the body: `success` is a duplicate
-//! (its stored result is replayed; no lock, no write), `parked` is refused, `failed` is
-//! taken over (with a row lock) inside the claim. When the body fails, the transaction rolls
-//! back and the failure is recorded by a statement of its own that never overwrites a
-//! `success` written meanwhile: the happy path pays nothing for the failure path.
+//! (its stored result is replayed; no lock, no write), `parked` is refused. When the body
+//! fails, the transaction rolls back and the failure is recorded by a short transaction of
+//! its own that never overwrites a `success` written meanwhile: the happy path pays nothing
+//! for the failure path. A failure that PostgreSQL reports when the transaction commits (a
+//! deferred constraint, a body that swallowed a failed statement) is recorded the same way,
+//! so that a message that can never commit is parked after `max_attempts`; a body that ends
+//! the transaction itself (`COMMIT` or `ROLLBACK`) gets [`Error::TransactionEnded`] and its
+//! key is parked. A lost connection, a server shutdown, a serialization failure or a
+//! deadlock is not the message's fault and counts no attempt.
 
 use std::future::Future;
 use std::time::Duration;
