@@ -79,14 +79,16 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// Two loopback ports where nothing listens.
+/// Two loopback ports where nothing listens, below the usual ephemeral range (32768 and
+/// up), so that no outgoing connection takes one while the script runs `initdb`.
 fn free_ports() -> (u16, u16) {
-    let a = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    let b = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    (
-        a.local_addr().unwrap().port(),
-        b.local_addr().unwrap().port(),
-    )
+    let offset = u16::try_from(std::process::id() % 10_000).unwrap();
+    let mut free = (20_000 + offset..32_768)
+        .chain(20_000..20_000 + offset)
+        .filter(|port| TcpListener::bind(("127.0.0.1", *port)).is_ok() && !listening(*port));
+    let first = free.next().expect("a free port");
+    let second = free.next().expect("a second free port");
+    (first, second)
 }
 
 fn listening(port: u16) -> bool {
