@@ -180,7 +180,15 @@ where
         return Ok(duplicate);
     }
 
-    // Every lease statement runs in a short transaction whose lock waits are bounded.
+    // A duplicate, a parked key or a live lease decides by a plain read (no lock).
+    let mut conn = idem.pool().acquire().await?;
+    if let Some(existing) = statements.settled_lease(&mut conn, scope, uuid).await? {
+        drop(conn);
+        return settled(idem, spec, key, fingerprint, existing, &codec).await;
+    }
+    drop(conn);
+    // Every lease statement that writes runs in a short transaction whose lock waits are
+    // bounded.
     let mut tx = idem.bounded_transaction().await?;
     let claimed = statements
         .claim_lease(
@@ -200,11 +208,7 @@ where
         }
         Ok(LeaseClaim::Existing(existing)) => {
             tx.commit().await?;
-            if transactional::mismatched(fingerprint, &existing) {
-                return Err(Error::PayloadMismatch { key });
-            }
-            cache::remember_existing(idem, cache_policy, scope, key, &existing).await;
-            return transactional::decide(key, existing, &codec);
+            return settled(idem, spec, key, fingerprint, existing, &codec).await;
         }
         Err(error) if transactional::is_lock_timeout(&error) => {
             return Err(Error::InProgress { key });
@@ -273,4 +277,20 @@ where
             Err(Error::LeaseLost { key })
         }
     }
+}
+
+/// The outcome of a delivery whose key's row decided it without a claim.
+async fn settled<T, E, C: ResultCodec<T>>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    key: IdempotencyKey,
+    fingerprint: Option<&[u8]>,
+    existing: crate::store::Existing,
+    codec: &C,
+) -> Result<Outcome<T>, Error<E>> {
+    if transactional::mismatched(fingerprint, &existing) {
+        return Err(Error::PayloadMismatch { key });
+    }
+    cache::remember_existing(idem, spec.cache, spec.scope, key, &existing).await;
+    transactional::decide(key, existing, codec)
 }

@@ -424,6 +424,31 @@ impl Statements {
         Ok(done.rows_affected() == 1)
     }
 
+    /// The row of `key` when it decides a lease-mode delivery without a claim: `success`,
+    /// `parked`, or a lease that has not expired. A plain read: no lock, no wait, no write.
+    pub async fn settled_lease(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+    ) -> Result<Option<Existing>, sqlx::Error> {
+        let Some(row) = sqlx::query(&self.read_lease)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(conn)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let existing = existing(&row)?;
+        let expired: bool = row.try_get("expired")?;
+        Ok(match existing.status {
+            Status::Success | Status::Parked => Some(existing),
+            Status::Processing if !expired => Some(existing),
+            Status::Processing | Status::Failed => None,
+        })
+    }
+
     /// Claims `key` under a lease, or reads the row that is in the way.
     #[allow(clippy::too_many_arguments)]
     pub async fn claim_lease(
