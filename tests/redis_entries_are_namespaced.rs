@@ -53,9 +53,11 @@ async fn entries_are_namespaced_by_prefix(pool: PgPool) {
         .iter()
         .map(|byte| format!("{byte:02x}"))
         .collect();
+    let mac = entry["mac"].as_str().expect("a signed entry").to_owned();
+    assert_eq!(mac.len(), 64, "HMAC-SHA256, hex");
     assert_eq!(
         entry,
-        serde_json::json!({"v": 1, "fp": hex, "r": {"payment_id": receipt.payment_id}})
+        serde_json::json!({"v": 2, "fp": hex, "r": {"payment_id": receipt.payment_id}, "mac": mac})
     );
 
     // The other prefix has no entry: PostgreSQL answers, then it has its own.

@@ -136,8 +136,8 @@ impl CacheSlot {
         key: IdempotencyKey,
     ) -> Option<String> {
         let cache = self.cache.as_ref()?;
-        let namespace = cache.namespace(idem).await?;
-        Some(cache.name(namespace, scope, key))
+        let instance = cache.instance(idem).await?;
+        Some(cache.name(instance, scope, key))
     }
 
     /// The cache and the TTL of its entries under `policy`, if the cache is in use.
@@ -163,10 +163,8 @@ pub(crate) async fn lookup<T, C: ResultCodec<T>>(
 ) -> Option<Outcome<T>> {
     #[cfg(feature = "redis")]
     if let Some((cache, _)) = idem.cache().active(policy) {
-        let namespace = cache.namespace(idem).await?;
-        return cache
-            .lookup(namespace, scope, key, fingerprint, codec)
-            .await;
+        let instance = cache.instance(idem).await?;
+        return cache.lookup(instance, scope, key, fingerprint, codec).await;
     }
     #[cfg(not(feature = "redis"))]
     let _ = (idem.cache(), policy, scope, key, fingerprint, codec);
@@ -186,8 +184,8 @@ pub(crate) async fn remember(
 ) {
     #[cfg(feature = "redis")]
     if let Some((cache, ttl)) = idem.cache().active(policy) {
-        if let Some(namespace) = cache.namespace(idem).await {
-            cache.store(namespace, ttl, scope, key, fingerprint, result);
+        if let Some(instance) = cache.instance(idem).await {
+            cache.store(instance, ttl, scope, key, fingerprint, result);
         }
     }
     #[cfg(not(feature = "redis"))]
@@ -267,6 +265,7 @@ mod with_redis {
         source: Source,
         pub(super) ttl: Duration,
         prefix: String,
+        secret: Option<Vec<u8>>,
         timeout: Duration,
         retry_after: Duration,
     }
@@ -308,6 +307,7 @@ mod with_redis {
                 source,
                 ttl: Self::DEFAULT_TTL,
                 prefix: Self::DEFAULT_PREFIX.to_owned(),
+                secret: None,
                 timeout: Self::DEFAULT_TIMEOUT,
                 retry_after: Self::DEFAULT_RETRY_AFTER,
             }
@@ -321,10 +321,19 @@ mod with_redis {
             self
         }
 
-        /// The prefix of the entries' names, `<prefix><scope>:<key>` (default `idem:`), so
-        /// that several applications can share one Redis.
+        /// The prefix of the entries' names, `<prefix><namespace>:<scope>:<key>` (default
+        /// `idem:`). Handles on other databases or schemas never share entries, whatever
+        /// their prefix (see the [module docs](self)).
         pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
             self.prefix = prefix.into();
+            self
+        }
+
+        /// The secret that signs the entries, instead of the one the migrations store in
+        /// the status table's schema (`idem_instance.cache_secret`). At least 32 bytes of
+        /// a secret source; handles of one status table must use the same.
+        pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+            self.secret = Some(secret.into());
             self
         }
 
@@ -363,6 +372,7 @@ mod with_redis {
                 .field("prefix", &self.prefix)
                 .field("timeout", &self.timeout)
                 .field("retry_after", &self.retry_after)
+                .field("secret", &self.secret.as_ref().map(|_| "<given>"))
                 .finish_non_exhaustive()
         }
     }
@@ -370,6 +380,7 @@ mod with_redis {
     /// What the cache of a runtime handle did since it was built
     /// ([`Idem::cache_stats`](crate::Idem::cache_stats)).
     #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+    #[non_exhaustive]
     pub struct CacheStats {
         /// Deliveries answered from Redis (PostgreSQL not queried).
         pub hits: u64,
@@ -384,10 +395,14 @@ mod with_redis {
         pub writes: u64,
         /// Writes that failed (harmless: the next duplicate asks PostgreSQL).
         pub write_errors: u64,
+        /// Entries whose signature did not verify: written by someone without the secret
+        /// (or under a rotated one). Each is a miss: the delivery asked PostgreSQL.
+        pub forged: u64,
     }
 
     #[derive(Default)]
     struct Counters {
+        forged: AtomicU64,
         hits: AtomicU64,
         misses: AtomicU64,
         errors: AtomicU64,
@@ -403,8 +418,9 @@ mod with_redis {
     /// The live cache of a runtime handle.
     pub(crate) struct Cache {
         pub(super) settings: RedisCache,
-        /// The status table's identity (see [`Cache::namespace`]), read once.
-        namespace: tokio::sync::OnceCell<String>,
+        /// The status table's identity and signing secret (see [`Cache::instance`]),
+        /// read once.
+        instance: tokio::sync::OnceCell<Instance>,
         manager: OnceLock<ConnectionManager>,
         /// Milliseconds since `epoch` until which Redis is skipped; 0 while it is healthy.
         down_until: AtomicU64,
@@ -438,13 +454,86 @@ mod with_redis {
         }
     }
 
-    /// 16 hex digits of the SHA-256 of the status table's identity.
-    fn namespace_of(identity: &str) -> String {
-        use sha2::{Digest, Sha256};
-        Sha256::digest(identity.as_bytes())[..8]
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect()
+    /// The status table behind a cache: the namespace of its entries and their signing key.
+    pub(crate) struct Instance {
+        identity: String,
+        namespace: String,
+        secret: Vec<u8>,
+    }
+
+    type Mac = hmac::Hmac<sha2::Sha256>;
+
+    impl Instance {
+        fn new(identity: String, secret: Vec<u8>) -> Self {
+            use sha2::{Digest, Sha256};
+            // 16 hex digits of the SHA-256 of the identity.
+            let namespace = hex::encode(&Sha256::digest(identity.as_bytes())[..8]);
+            Instance {
+                identity,
+                namespace,
+                secret,
+            }
+        }
+
+        /// HMAC-SHA256 over everything the entry asserts: the status table (its identity),
+        /// the scope, the key, the fingerprint and the result, each length-prefixed.
+        fn mac(
+            &self,
+            scope: &str,
+            key: IdempotencyKey,
+            fingerprint: Option<&[u8]>,
+            result: Option<&serde_json::Value>,
+        ) -> Mac {
+            use hmac::Mac as _;
+            let mut mac = Mac::new_from_slice(&self.secret).expect("HMAC takes keys of any length");
+            let result = result.map(serde_json::Value::to_string);
+            let key = key.as_uuid();
+            let parts: [Option<&[u8]>; 5] = [
+                Some(self.identity.as_bytes()),
+                Some(scope.as_bytes()),
+                Some(key.as_bytes()),
+                fingerprint,
+                result.as_deref().map(str::as_bytes),
+            ];
+            mac.update(b"idem cache entry v2");
+            for part in parts {
+                match part {
+                    Some(bytes) => {
+                        mac.update(&[1]);
+                        mac.update(&(bytes.len() as u64).to_be_bytes());
+                        mac.update(bytes);
+                    }
+                    None => mac.update(&[0]),
+                }
+            }
+            mac
+        }
+
+        fn sign(
+            &self,
+            scope: &str,
+            key: IdempotencyKey,
+            fingerprint: Option<&[u8]>,
+            result: Option<&serde_json::Value>,
+        ) -> Vec<u8> {
+            use hmac::Mac as _;
+            self.mac(scope, key, fingerprint, result)
+                .finalize()
+                .into_bytes()
+                .to_vec()
+        }
+
+        fn verifies(&self, scope: &str, key: IdempotencyKey, entry: &Entry) -> bool {
+            use hmac::Mac as _;
+            let mac = self.mac(
+                scope,
+                key,
+                entry.fingerprint.as_deref(),
+                entry.result.as_ref(),
+            );
+            // Constant time.
+            mac.verify_slice(&entry.signature).is_ok()
+        }
     }
 
     /// A connection-level failure: the server may be gone, so it is left alone a while.
@@ -463,7 +552,7 @@ mod with_redis {
             }
             Cache {
                 settings,
-                namespace: tokio::sync::OnceCell::new(),
+                instance: tokio::sync::OnceCell::new(),
                 manager,
                 down_until: AtomicU64::new(0),
                 epoch: Instant::now(),
@@ -481,23 +570,27 @@ mod with_redis {
                 skipped: get(&c.skipped),
                 writes: get(&c.writes),
                 write_errors: get(&c.write_errors),
+                forged: get(&c.forged),
             }
         }
 
-        /// The namespace of this handle's entries: a digest of the status table's identity
-        /// (a random id that the migrations store in its schema, the database's name and
-        /// the schema), so that handles on other databases or schemas never read each
-        /// other's entries from a shared Redis. Read from PostgreSQL on first use; `None`
-        /// (no cache for this delivery) while it cannot be read.
-        pub(super) async fn namespace(&self, idem: &crate::Idem) -> Option<&str> {
-            let read = self.namespace.get_or_try_init(|| async {
-                let identity: String = sqlx::query_scalar(&idem.statements().instance)
-                    .fetch_one(idem.pool())
-                    .await?;
-                Ok::<_, sqlx::Error>(namespace_of(&identity))
+        /// The status table this handle's entries belong to: its identity (a random id
+        /// that the migrations store in its schema, the database's name and the schema),
+        /// the namespace derived from it, so that handles on other databases or schemas
+        /// never read each other's entries from a shared Redis, and the secret that signs
+        /// the entries. Read from PostgreSQL on first use; `None` (no cache for this
+        /// delivery) while it cannot be read.
+        pub(super) async fn instance(&self, idem: &crate::Idem) -> Option<&Instance> {
+            let read = self.instance.get_or_try_init(|| async {
+                let (identity, stored_secret): (String, Vec<u8>) =
+                    sqlx::query_as(&idem.statements().instance)
+                        .fetch_one(idem.pool())
+                        .await?;
+                let secret = self.settings.secret.clone().unwrap_or(stored_secret);
+                Ok::<_, sqlx::Error>(Instance::new(identity, secret))
             });
             match read.await {
-                Ok(namespace) => Some(namespace.as_str()),
+                Ok(instance) => Some(instance),
                 Err(error) => {
                     bump(&self.counters.skipped);
                     tracing::debug!(%error, "the cache namespace could not be read; asking PostgreSQL");
@@ -508,13 +601,16 @@ mod with_redis {
 
         /// `<prefix><namespace>:<scope>:<key>`. The namespace and the key have a fixed
         /// length, so the name is unambiguous.
-        pub(super) fn name(&self, namespace: &str, scope: &str, key: IdempotencyKey) -> String {
-            format!("{}{namespace}:{scope}:{key}", self.settings.prefix)
+        pub(super) fn name(&self, instance: &Instance, scope: &str, key: IdempotencyKey) -> String {
+            format!(
+                "{}{}:{scope}:{key}",
+                self.settings.prefix, instance.namespace
+            )
         }
 
         pub(super) async fn lookup<T, C: ResultCodec<T>>(
             &self,
-            namespace: &str,
+            instance: &Instance,
             scope: &str,
             key: IdempotencyKey,
             fingerprint: Option<&[u8]>,
@@ -524,7 +620,7 @@ mod with_redis {
                 bump(&self.counters.skipped);
                 return None;
             }
-            let name = self.name(namespace, scope, key);
+            let name = self.name(instance, scope, key);
             let mut get = redis::cmd("GET");
             get.arg(&name);
             let entry = match self.call::<Option<Vec<u8>>>(&get).await {
@@ -547,6 +643,15 @@ mod with_redis {
                 );
                 return None;
             };
+            if !instance.verifies(scope, key, &entry) {
+                // Not written by a handle of this status table: never a reason to skip.
+                bump(&self.counters.forged);
+                tracing::warn!(
+                    name,
+                    "redis cache entry with a signature that does not verify; asking PostgreSQL"
+                );
+                return None;
+            }
             let mismatch = matches!((fingerprint, &entry.fingerprint), (Some(ours), Some(theirs)) if ours != theirs.as_slice());
             if mismatch {
                 // PostgreSQL answers with the payload mismatch.
@@ -570,7 +675,7 @@ mod with_redis {
         /// like every call), so that the delivery that succeeded does not wait for Redis.
         pub(super) fn store(
             self: &Arc<Self>,
-            namespace: &str,
+            instance: &Instance,
             ttl: Duration,
             scope: &str,
             key: IdempotencyKey,
@@ -587,8 +692,8 @@ mod with_redis {
             }
             let ttl_millis = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
             let mut set = redis::cmd("SET");
-            set.arg(self.name(namespace, scope, key))
-                .arg(Entry::encode(fingerprint, result))
+            set.arg(self.name(instance, scope, key))
+                .arg(Entry::encode(instance, scope, key, fingerprint, result))
                 .arg("PX")
                 .arg(ttl_millis);
             let cache = Arc::clone(self);
@@ -702,16 +807,18 @@ mod with_redis {
         }
     }
 
-    /// An entry: the key succeeded, with this fingerprint and this stored result.
+    /// An entry: the key succeeded, with this fingerprint and this stored result, signed.
     ///
-    /// JSON, readable with `redis-cli`: `{"v":1,"fp":"<hex>","r":<result>}`; `fp` and `r`
-    /// are left out when there is none.
+    /// JSON, readable with `redis-cli`: `{"v":2,"fp":"<hex>","r":<result>,"mac":"<hex>"}`;
+    /// `fp` and `r` are left out when there is none. `mac` is the HMAC-SHA256 of the
+    /// status table's identity, the scope, the key, the fingerprint and the result.
     pub(super) struct Entry {
         pub fingerprint: Option<Vec<u8>>,
         pub result: Option<serde_json::Value>,
+        pub signature: Vec<u8>,
     }
 
-    const ENTRY_VERSION: u8 = 1;
+    const ENTRY_VERSION: u8 = 2;
 
     #[derive(Serialize)]
     struct EntryOut<'a> {
@@ -720,6 +827,7 @@ mod with_redis {
         fp: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         r: Option<&'a serde_json::Value>,
+        mac: String,
     }
 
     #[derive(Deserialize)]
@@ -730,73 +838,87 @@ mod with_redis {
         fp: Option<String>,
         #[serde(default)]
         r: Option<serde_json::Value>,
+        #[serde(default)]
+        mac: String,
     }
 
     impl Entry {
         pub(super) fn encode(
+            instance: &Instance,
+            scope: &str,
+            key: IdempotencyKey,
             fingerprint: Option<&[u8]>,
             result: Option<&serde_json::Value>,
         ) -> Vec<u8> {
             let entry = EntryOut {
                 v: ENTRY_VERSION,
-                fp: fingerprint.map(hex),
+                fp: fingerprint.map(hex::encode),
                 r: result,
+                mac: hex::encode(instance.sign(scope, key, fingerprint, result)),
             };
             serde_json::to_vec(&entry).expect("a JSON value always serializes")
         }
 
-        /// The entry, or `None` for anything this version did not write.
+        /// The entry, or `None` for anything this version did not write. Its signature
+        /// is checked by [`Instance::verifies`].
         pub(super) fn decode(bytes: &[u8]) -> Option<Entry> {
             let entry: EntryIn = serde_json::from_slice(bytes).ok()?;
             if entry.v != ENTRY_VERSION {
                 return None;
             }
             let fingerprint = match entry.fp {
-                Some(text) => Some(unhex(&text)?),
+                Some(text) => Some(hex::decode(text).ok()?),
                 None => None,
             };
             Some(Entry {
                 fingerprint,
                 result: entry.r,
+                signature: hex::decode(entry.mac).ok()?,
             })
         }
-    }
-
-    fn hex(bytes: &[u8]) -> String {
-        use std::fmt::Write;
-        bytes.iter().fold(String::new(), |mut text, byte| {
-            let _ = write!(text, "{byte:02x}");
-            text
-        })
-    }
-
-    fn unhex(text: &str) -> Option<Vec<u8>> {
-        if text.len() % 2 != 0 {
-            return None;
-        }
-        (0..text.len())
-            .step_by(2)
-            .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
-            .collect()
     }
 
     #[cfg(test)]
     mod tests {
         use super::*;
 
+        fn instance(secret: &[u8]) -> Instance {
+            Instance::new("id:db:schema".to_owned(), secret.to_vec())
+        }
+
         #[test]
-        fn entries_round_trip() {
+        fn entries_round_trip_and_verify() {
+            let signer = instance(b"secret");
+            let key = IdempotencyKey::from_uuid(uuid::Uuid::from_u128(9));
             let fingerprint = [7u8; 32];
-            let result = serde_json::json!({"payment_id": 42});
-            let bytes = Entry::encode(Some(&fingerprint), Some(&result));
+            let result = serde_json::json!({"payment_id": 42, "note": "nul \u{0}"});
+            let bytes = Entry::encode(&signer, "pay", key, Some(&fingerprint), Some(&result));
             let entry = Entry::decode(&bytes).expect("decodes");
             assert_eq!(entry.fingerprint.as_deref(), Some(&fingerprint[..]));
             assert_eq!(entry.result, Some(result));
+            assert!(signer.verifies("pay", key, &entry));
 
-            let bare = Entry::encode(None, None);
-            assert_eq!(bare, br#"{"v":1}"#);
-            let entry = Entry::decode(&bare).expect("decodes");
-            assert!(entry.fingerprint.is_none() && entry.result.is_none());
+            let bare =
+                Entry::decode(&Entry::encode(&signer, "pay", key, None, None)).expect("decodes");
+            assert!(bare.fingerprint.is_none() && bare.result.is_none());
+            assert!(signer.verifies("pay", key, &bare));
+        }
+
+        #[test]
+        fn an_entry_verifies_only_for_its_table_scope_key_and_secret() {
+            let signer = instance(b"secret");
+            let key = IdempotencyKey::from_uuid(uuid::Uuid::from_u128(9));
+            let other_key = IdempotencyKey::from_uuid(uuid::Uuid::from_u128(10));
+            let entry = Entry::decode(&Entry::encode(&signer, "pay", key, None, None)).unwrap();
+            assert!(!signer.verifies("refund", key, &entry));
+            assert!(!signer.verifies("pay", other_key, &entry));
+            assert!(!instance(b"rotated").verifies("pay", key, &entry));
+            let elsewhere = Instance::new("other:db:schema".to_owned(), b"secret".to_vec());
+            assert!(!elsewhere.verifies("pay", key, &entry));
+            // The same claims with another result do not verify either.
+            let mut changed = entry;
+            changed.result = Some(serde_json::json!(1));
+            assert!(!signer.verifies("pay", key, &changed));
         }
 
         #[test]
@@ -805,10 +927,11 @@ mod with_redis {
                 &b"OK"[..],
                 b"",
                 b"{}",
-                br#"{"v":2}"#,
-                br#"{"v":1,"fp":"zz"}"#,
-                br#"{"v":1,"fp":"abc"}"#,
-                br#"{"v":1,"other":true}"#,
+                br#"{"v":1}"#,
+                br#"{"v":2,"fp":"zz","mac":""}"#,
+                br#"{"v":2,"fp":"abc","mac":""}"#,
+                br#"{"v":2,"other":true}"#,
+                br#"{"v":2,"mac":"xyz"}"#,
                 b"\xff\xfe",
             ] {
                 assert!(Entry::decode(garbage).is_none(), "{garbage:?}");

@@ -133,16 +133,6 @@ fn failure_recorded(row: &PgRow) -> Result<(u32, bool), sqlx::Error> {
     Ok((attempts, parked))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut out, byte| {
-            let _ = write!(out, "{byte:02x}");
-            out
-        })
-}
-
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
@@ -240,7 +230,8 @@ impl Statements {
             ),
             scopes_table: format!("{schema}.idem_scopes"),
             instance: format!(
-                "SELECT id::text || ':' || current_database() || ':' || '{schema}' \
+                "SELECT id::text || ':' || current_database() || ':' || '{schema}' AS identity, \
+                        cache_secret \
                  FROM {schema}.idem_instance LIMIT 1"
             ),
             table: table.clone(),
@@ -356,8 +347,8 @@ impl Statements {
                  WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key = '{key}'; \
                  COMMIT; BEGIN",
                 table = self.table,
-                result = hex(result.to_string().as_bytes()),
-                scope = hex(scope.as_bytes()),
+                result = hex::encode(result.to_string()),
+                scope = hex::encode(scope),
             ),
             None => format!("{check}; COMMIT; BEGIN"),
         }
