@@ -63,6 +63,21 @@ pub struct Config {
     pub(crate) max_attempts: u32,
     pub(crate) lock_timeout: Duration,
     pub(crate) transient_retries: u32,
+    pub(crate) error_texts: ErrorTexts,
+}
+
+/// What is stored of a failure in the status table's `last_error` (and shown to
+/// operators): error texts can carry personal data from a handler's error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ErrorTexts {
+    /// The error and its sources as they display, NUL characters replaced, at most 2 KiB
+    /// (the default).
+    #[default]
+    Full,
+    /// Only the error's kind: its type's name (and the SQLSTATE of a database error), never
+    /// its text.
+    KindOnly,
 }
 
 impl Default for Config {
@@ -72,6 +87,7 @@ impl Default for Config {
             max_attempts: 5,
             lock_timeout: Duration::from_secs(5),
             transient_retries: 3,
+            error_texts: ErrorTexts::Full,
         }
     }
 }
@@ -96,5 +112,10 @@ impl Config {
     /// How often a serialization failure or deadlock is retried (default 3).
     pub fn transient_retries(&self) -> u32 {
         self.transient_retries
+    }
+
+    /// What is stored of a failure (default: the full text, bounded).
+    pub fn error_texts(&self) -> ErrorTexts {
+        self.error_texts
     }
 }

@@ -264,6 +264,13 @@ impl IdemBuilder {
         self
     }
 
+    /// What is stored of a failure in `last_error`: the full text, bounded (the default),
+    /// or only the error's kind, where handler errors may carry personal data.
+    pub fn error_texts(mut self, texts: crate::config::ErrorTexts) -> Self {
+        self.config.error_texts = texts;
+        self
+    }
+
     /// Answers duplicates of succeeded keys from Redis before asking PostgreSQL; see
     /// [`cache`](crate::cache). Takes a [`RedisCache`](crate::cache::RedisCache) (URL,
     /// TTL, key prefix, timeout) or a `redis::Client`.

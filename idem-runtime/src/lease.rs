@@ -52,7 +52,7 @@ use crate::Idem;
 use crate::cache;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
-use crate::outcome::{Error, HandlerError, Outcome, error_chain};
+use crate::outcome::{Error, HandlerError, Outcome, failure_text};
 use crate::scope;
 use crate::store::LeaseClaim;
 use crate::transactional;
@@ -252,13 +252,14 @@ where
                 // Refused by the server: count it as a failed attempt, so that an effect
                 // whose completion can never be recorded is repeated at most
                 // `max_attempts` times, then parked.
-                Err(error) if error.as_database_error().is_some() => {
-                    (error_chain(&error), Err(Error::Database(error)))
-                }
+                Err(error) if error.as_database_error().is_some() => (
+                    failure_text(&error, idem.config().error_texts()),
+                    Err(Error::Database(error)),
+                ),
                 Err(error) => return Err(Error::Database(error)),
             }
         }
-        Err(error) => (error_chain(error.as_std_error()), Ok(error)),
+        Err(error) => (failure_text(&error, idem.config().error_texts()), Ok(error)),
     };
     let mut tx = idem.bounded_transaction().await?;
     let recorded = statements

@@ -196,11 +196,12 @@ mod inflight;
 pub mod key;
 pub mod lease;
 mod outcome;
+pub mod privileges;
 pub mod scope;
 pub mod store;
 pub mod transactional;
 
-pub use config::{Config, ConfigError};
+pub use config::{Config, ConfigError, ErrorTexts};
 pub use handle::{Idem, IdemBuilder, MIGRATOR};
 pub use idem_macros::{KeyPart, idempotent};
 pub use key::{IdempotencyKey, KeyError};

@@ -226,6 +226,31 @@ pub(crate) fn error_chain(error: &(dyn StdError + 'static)) -> String {
     storable_text(&full_chain(error))
 }
 
+/// What `last_error` records of `error` under `texts`.
+pub(crate) fn failure_text<E: HandlerError>(error: &E, texts: crate::config::ErrorTexts) -> String {
+    match texts {
+        crate::config::ErrorTexts::KindOnly => {
+            error_kind(std::any::type_name::<E>(), error.as_std_error())
+        }
+        _ => error_chain(error.as_std_error()),
+    }
+}
+
+/// The kind of an error: the type's name, and the SQLSTATE of a database error among its
+/// sources.
+pub(crate) fn error_kind(type_name: &str, error: &(dyn StdError + 'static)) -> String {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
+            if let Some(code) = db.code() {
+                return format!("{type_name} (SQLSTATE {code})");
+            }
+        }
+        current = error.source();
+    }
+    type_name.to_owned()
+}
+
 /// `text` as it can be stored in a `text` column: without NUL, bounded in length.
 pub(crate) fn storable_text(text: &str) -> String {
     const MARK: &str = " [truncated]";

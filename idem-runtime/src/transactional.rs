@@ -36,9 +36,12 @@ use sqlx::{Executor, PgConnection, Postgres, Transaction};
 
 use crate::Idem;
 use crate::cache;
+use crate::config::ErrorTexts;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
-use crate::outcome::{Error, HandlerError, Outcome, error_chain, is_transient};
+use crate::outcome::{
+    Error, HandlerError, Outcome, error_kind, failure_text, is_transient, storable_text,
+};
 use crate::scope;
 use crate::store::{Claim, ClaimedKey, Existing, Status};
 
@@ -175,7 +178,10 @@ where
                         // Reported by the server about this transaction (an aborted
                         // transaction, a deferred constraint): an attempt like a handler
                         // error, so that a message that can never commit is parked.
-                        let text = format!("commit failed: {error}");
+                        let text = match idem.config().error_texts() {
+                            ErrorTexts::Full => storable_text(&format!("commit failed: {error}")),
+                            _ => error_kind("commit failed", &error),
+                        };
                         record_failure(
                             idem,
                             spec,
@@ -199,7 +205,7 @@ where
                 error
             }
         };
-        let text = error_chain(failure.as_std_error());
+        let text = failure_text(&failure, idem.config().error_texts());
         let (attempts, parked) = record_failure(
             idem,
             spec,
