@@ -59,6 +59,7 @@ use crate::key::{IdempotencyKey, KeyError};
 use crate::outcome::{Error, Handled, HandlerError, Outcome};
 use crate::scope;
 use crate::store::{Existing, Status};
+use crate::telemetry::{self, Mode, Timer};
 use crate::transactional;
 
 /// The outcome of each message of a batch, in the order of the messages.
@@ -232,7 +233,7 @@ where
     Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
 {
     if let Err(error) = idem.check_scope(spec, scope::handler_identity::<F>()).await {
-        return refuse_all(messages, error);
+        return counted(spec, refuse_all(messages, error));
     }
     let mut planned = Planned::new(messages, derive);
     let (to_claim, turns) = planned.take_turns(idem, spec.scope);
@@ -253,7 +254,7 @@ where
     })
     .await;
     planned.decide(outcomes);
-    planned.finish(&codec)
+    counted(spec, planned.finish(&codec))
 }
 
 /// Runs the body of a **batch handler** once for all messages of `messages` whose keys
@@ -325,7 +326,7 @@ where
     Fut: Future<Output = (Transaction<'static, Postgres>, R)>,
 {
     if let Err(error) = idem.check_scope(spec, scope::handler_identity::<F>()).await {
-        return refuse_all(messages, error);
+        return counted(spec, refuse_all(messages, error));
     }
     let mut planned = Planned::new(messages, derive);
     let (to_claim, turns) = planned.take_turns(idem, spec.scope);
@@ -344,7 +345,7 @@ where
         &to_claim,
         &keyed,
         &NoResult,
-        move |tx, xid, owned| run_once(idem, tx, xid, messages, owned, once),
+        move |tx, xid, owned| run_once(idem, spec.scope, tx, xid, messages, owned, once),
     )
     .await;
     drop(turns);
@@ -353,7 +354,15 @@ where
     })
     .await;
     planned.decide(outcomes);
-    planned.finish(&NoResult)
+    counted(spec, planned.finish(&NoResult))
+}
+
+/// Counts each message's outcome (see [`telemetry`](crate::telemetry)).
+fn counted<T, E>(spec: &HandlerSpec, outcomes: BatchOutcomes<T, E>) -> BatchOutcomes<T, E> {
+    for outcome in &outcomes {
+        telemetry::count(spec.scope, Mode::Batch, telemetry::outcome_label(outcome));
+    }
+    outcomes
 }
 
 /// The outcome of the batch transaction.
@@ -384,7 +393,10 @@ where
     W: FnOnce(Transaction<'static, Postgres>, i64, Vec<usize>) -> Fut,
     Fut: Future<Output = Result<Vec<Indexed<T, E>>, Fallback>>,
 {
-    match claim(idem, spec, to_claim, keyed, codec).await {
+    let claiming = Timer::start();
+    let claimed = claim(idem, spec, to_claim, keyed, codec).await;
+    claiming.claim(spec.scope, Mode::Batch);
+    match claimed {
         Ok(None) => Pass::Committed(Vec::new()),
         Ok(Some(Claim {
             tx, owned, decided, ..
@@ -452,8 +464,10 @@ where
     for index in retry {
         let (key, fingerprint) = keyed(index);
         let outcome =
-            transactional::run_checked(idem, spec, key, fingerprint, codec, |tx| one(tx, index))
-                .await;
+            transactional::run_checked(idem, spec, Mode::Batch, key, fingerprint, codec, |tx| {
+                one(tx, index)
+            })
+            .await;
         decided.push((index, outcome));
     }
     decided
@@ -740,6 +754,7 @@ where
 /// in order, then the commit.
 async fn run_once<'m, M, E, F, Fut>(
     idem: &Idem,
+    scope: &str,
     tx: Transaction<'static, Postgres>,
     xid: i64,
     messages: &'m [M],
@@ -751,7 +766,9 @@ where
     Fut: Future<Output = (Transaction<'static, Postgres>, Result<(), E>)>,
 {
     let slice = owned.iter().map(|&index| &messages[index]).collect();
+    let running = Timer::start();
     let (tx, result) = body(tx, slice).await;
+    running.handler(scope, Mode::Batch);
     if result.is_err() {
         return Err(Fallback::HandlerFailed);
     }

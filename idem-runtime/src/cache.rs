@@ -593,6 +593,7 @@ mod with_redis {
                 Ok(instance) => Some(instance),
                 Err(error) => {
                     bump(&self.counters.skipped);
+                    crate::telemetry::cache("idem_cache_lookups_total", "skipped");
                     tracing::debug!(%error, "the cache namespace could not be read; asking PostgreSQL");
                     None
                 }
@@ -618,6 +619,7 @@ mod with_redis {
         ) -> Option<Outcome<T>> {
             if !self.admit() {
                 bump(&self.counters.skipped);
+                crate::telemetry::cache("idem_cache_lookups_total", "skipped");
                 return None;
             }
             let name = self.name(instance, scope, key);
@@ -627,16 +629,19 @@ mod with_redis {
                 Ok(Some(bytes)) => bytes,
                 Ok(None) => {
                     bump(&self.counters.misses);
+                    crate::telemetry::cache("idem_cache_lookups_total", "miss");
                     return None;
                 }
                 Err(failure) => {
                     bump(&self.counters.errors);
+                    crate::telemetry::cache("idem_cache_lookups_total", "error");
                     tracing::debug!(%key, scope, error = %failure, "redis cache look-up failed; asking PostgreSQL");
                     return None;
                 }
             };
             let Some(entry) = Entry::decode(&entry) else {
                 bump(&self.counters.errors);
+                crate::telemetry::cache("idem_cache_lookups_total", "error");
                 tracing::warn!(
                     name,
                     "unreadable redis cache entry (not written by this version of idem?); asking PostgreSQL"
@@ -646,6 +651,7 @@ mod with_redis {
             if !instance.verifies(scope, key, &entry) {
                 // Not written by a handle of this status table: never a reason to skip.
                 bump(&self.counters.forged);
+                crate::telemetry::cache("idem_cache_lookups_total", "forged");
                 tracing::warn!(
                     name,
                     "redis cache entry with a signature that does not verify; asking PostgreSQL"
@@ -656,15 +662,18 @@ mod with_redis {
             if mismatch {
                 // PostgreSQL answers with the payload mismatch.
                 bump(&self.counters.misses);
+                crate::telemetry::cache("idem_cache_lookups_total", "miss");
                 return None;
             }
             match codec.decode(entry.result) {
                 Ok(value) => {
                     bump(&self.counters.hits);
+                    crate::telemetry::cache("idem_cache_lookups_total", "hit");
                     Some(Outcome::Duplicate(value))
                 }
                 Err(error) => {
                     bump(&self.counters.errors);
+                    crate::telemetry::cache("idem_cache_lookups_total", "error");
                     tracing::warn!(name, %error, "the cached result does not decode as the handler's result type; asking PostgreSQL");
                     None
                 }
@@ -684,10 +693,12 @@ mod with_redis {
         ) {
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 bump(&self.counters.skipped);
+                crate::telemetry::cache("idem_cache_writes_total", "skipped");
                 return;
             };
             if !self.admit() {
                 bump(&self.counters.skipped);
+                crate::telemetry::cache("idem_cache_writes_total", "skipped");
                 return;
             }
             let ttl_millis = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
@@ -700,9 +711,13 @@ mod with_redis {
             let scope = scope.to_owned();
             runtime.spawn(async move {
                 match cache.call::<()>(&set).await {
-                    Ok(()) => bump(&cache.counters.writes),
+                    Ok(()) => {
+                        bump(&cache.counters.writes);
+                        crate::telemetry::cache("idem_cache_writes_total", "ok");
+                    }
                     Err(failure) => {
                         bump(&cache.counters.write_errors);
+                        crate::telemetry::cache("idem_cache_writes_total", "error");
                         tracing::debug!(%key, scope, error = %failure, "redis cache write failed (harmless: PostgreSQL has the key)");
                     }
                 }

@@ -46,6 +46,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::Idem;
@@ -55,6 +56,7 @@ use crate::key::IdempotencyKey;
 use crate::outcome::{Error, HandlerError, Outcome, failure_text};
 use crate::scope;
 use crate::store::LeaseClaim;
+use crate::telemetry::{self, Mode, Timer};
 use crate::transactional;
 
 /// The lease that a lease-mode handler holds on its key while its body runs.
@@ -163,6 +165,29 @@ where
     F: FnOnce(Lease) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
+    let span = telemetry::span(spec.scope, key, Mode::Lease);
+    let result = run_inner(idem, spec, key, fingerprint, codec, body)
+        .instrument(span.clone())
+        .await;
+    telemetry::finish(&span, spec.scope, Mode::Lease, &result);
+    result
+}
+
+/// [`run`] without its span and outcome count.
+async fn run_inner<T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    key: IdempotencyKey,
+    fingerprint: Option<[u8; 32]>,
+    codec: C,
+    body: F,
+) -> Result<Outcome<T>, Error<E>>
+where
+    C: ResultCodec<T>,
+    E: HandlerError,
+    F: FnOnce(Lease) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
     let identity = scope::handler_identity::<F>();
     idem.check_scope(spec, identity).await?;
     let statements = idem.statements();
@@ -189,6 +214,7 @@ where
     drop(conn);
     // Every lease statement that writes runs in a short transaction whose lock waits are
     // bounded.
+    let claiming = Timer::start();
     let mut tx = idem.bounded_transaction().await?;
     let claimed = statements
         .claim_lease(
@@ -201,6 +227,7 @@ where
             max_attempts,
         )
         .await;
+    claiming.claim(scope, Mode::Lease);
     let attempt = match claimed {
         Ok(LeaseClaim::Won { attempt }) => {
             tx.commit().await?;
@@ -225,7 +252,9 @@ where
             attempt,
         }),
     };
+    let running = Timer::start();
     let result = body(guard).await;
+    running.handler(scope, Mode::Lease);
 
     let (text, failure) = match result {
         Ok(value) => {

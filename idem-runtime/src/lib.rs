@@ -199,6 +199,7 @@ mod outcome;
 pub mod privileges;
 pub mod scope;
 pub mod store;
+pub mod telemetry;
 pub mod transactional;
 
 pub use config::{Config, ConfigError, ErrorTexts};

@@ -33,6 +33,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use sqlx::{Executor, PgConnection, Postgres, Transaction};
+use tracing::Instrument;
 
 use crate::Idem;
 use crate::cache;
@@ -44,6 +45,7 @@ use crate::outcome::{
 };
 use crate::scope;
 use crate::store::{Claim, ClaimedKey, Existing, Status};
+use crate::telemetry::{self, Mode, Timer};
 
 /// Runs `body` at most once to success for `key` in `spec.scope`, in one transaction with
 /// the claim of the key. This is what `#[idempotent]` generates a call of.
@@ -89,14 +91,22 @@ where
     Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
 {
     let identity = scope::handler_identity::<F>();
-    idem.check_scope(spec, identity).await?;
-    run_checked(idem, spec, key, fingerprint, codec, body).await
+    let span = telemetry::span(spec.scope, key, Mode::Transaction);
+    let result = async {
+        idem.check_scope(spec, identity).await?;
+        run_checked(idem, spec, Mode::Transaction, key, fingerprint, codec, body).await
+    }
+    .instrument(span.clone())
+    .await;
+    telemetry::finish(&span, spec.scope, Mode::Transaction, &result);
+    result
 }
 
 /// [`run`] for a handler whose scope is checked already (the batch path's one-by-one pass).
 pub(crate) async fn run_checked<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
+    mode: Mode,
     key: IdempotencyKey,
     fingerprint: Option<[u8; 32]>,
     codec: C,
@@ -132,8 +142,11 @@ where
     let body_lock_timeout = idem.session_lock_timeout().await?;
 
     loop {
+        let claiming = Timer::start();
         let mut tx = idem.bounded_transaction().await?;
-        let xid = match claim(idem, &mut tx, scope, key, fingerprint, body_lock_timeout).await {
+        let claimed = claim(idem, &mut tx, scope, key, fingerprint, body_lock_timeout).await;
+        claiming.claim(scope, mode);
+        let xid = match claimed {
             Ok(Claimed::Owned { xid }) => xid,
             Ok(Claimed::Found(existing)) => {
                 // Read-only so far: dropping the transaction rolls it back on release.
@@ -150,7 +163,9 @@ where
             Err(error) => return Err(Error::Database(error)),
         };
 
+        let running = Timer::start();
         let (tx, result) = body(tx).await;
+        running.handler(scope, mode);
         let failure = match result {
             Ok(value) => {
                 let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;

@@ -1,0 +1,129 @@
+//! Metrics and tracing of each handling.
+//!
+//! idem reports through the [`metrics`] facade (install any recorder, e.g. a Prometheus
+//! exporter; without one, nothing is recorded) and [`tracing`] spans. Labels have a low
+//! cardinality: the scope, the mode and the outcome; never the key or the payload.
+//!
+//! | metric | kind | labels | what |
+//! |---|---|---|---|
+//! | `idem_handlings_total` | counter | `scope`, `mode`, `outcome` | deliveries by outcome: `executed`, `duplicate`, `failed`, `parked`, `in_progress`, `mismatch`, `key_error`, `lease_lost`, `transaction_ended`, `scope_conflict`, `error` |
+//! | `idem_claim_duration_seconds` | histogram | `scope`, `mode` | the claim: from `BEGIN` to the decision (run the body, or not) |
+//! | `idem_handler_duration_seconds` | histogram | `scope`, `mode` | the handler's body |
+//! | `idem_cache_lookups_total` | counter | `result` | Redis look-ups: `hit`, `miss`, `error`, `skipped`, `forged` |
+//! | `idem_cache_writes_total` | counter | `result` | Redis writes: `ok`, `error`, `skipped` |
+//!
+//! `mode` is `transaction`, `lease` or `batch` (a message handled by a batch, counted once
+//! per message). Each handling runs in a span `idem.handle` with the fields `idem.scope`,
+//! `idem.key`, `idem.mode`, `idem.outcome` and, where known, `idem.attempts`.
+
+use std::time::Instant;
+
+use tracing::Span;
+
+use crate::key::IdempotencyKey;
+use crate::outcome::{Error, Outcome};
+
+/// The mode label of a handling.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Mode {
+    Transaction,
+    Lease,
+    Batch,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Transaction => "transaction",
+            Mode::Lease => "lease",
+            Mode::Batch => "batch",
+        }
+    }
+}
+
+/// The span of one handling (record its outcome with [`finish`]).
+pub(crate) fn span(scope: &str, key: IdempotencyKey, mode: Mode) -> Span {
+    tracing::info_span!(
+        "idem.handle",
+        idem.scope = scope,
+        idem.key = %key,
+        idem.mode = mode.label(),
+        idem.outcome = tracing::field::Empty,
+        idem.attempts = tracing::field::Empty,
+    )
+}
+
+/// The outcome label of a handling's result.
+pub(crate) fn outcome_label<T, E>(result: &Result<Outcome<T>, Error<E>>) -> &'static str {
+    match result {
+        Ok(Outcome::Executed(_)) => "executed",
+        Ok(Outcome::Duplicate(_)) => "duplicate",
+        Err(Error::Handler { parked: true, .. } | Error::Parked { .. }) => "parked",
+        Err(Error::Handler { .. }) => "failed",
+        Err(Error::InProgress { .. }) => "in_progress",
+        Err(Error::PayloadMismatch { .. }) => "mismatch",
+        Err(Error::Key(_)) => "key_error",
+        Err(Error::LeaseLost { .. }) => "lease_lost",
+        Err(Error::TransactionEnded { .. }) => "transaction_ended",
+        Err(Error::ScopeConflict(_)) => "scope_conflict",
+        Err(_) => "error",
+    }
+}
+
+/// Counts a handling's outcome and records it on `span`.
+pub(crate) fn finish<T, E>(
+    span: &Span,
+    scope: &str,
+    mode: Mode,
+    result: &Result<Outcome<T>, Error<E>>,
+) {
+    let outcome = outcome_label(result);
+    span.record("idem.outcome", outcome);
+    if let Err(Error::Handler { attempts, .. } | Error::Parked { attempts, .. }) = result {
+        span.record("idem.attempts", attempts);
+    }
+    count(scope, mode, outcome);
+}
+
+/// Counts one handling's outcome.
+pub(crate) fn count(scope: &str, mode: Mode, outcome: &'static str) {
+    metrics::counter!(
+        "idem_handlings_total",
+        "scope" => scope.to_owned(),
+        "mode" => mode.label(),
+        "outcome" => outcome,
+    )
+    .increment(1);
+}
+
+/// Times a phase of a handling: the claim or the handler's body.
+pub(crate) struct Timer {
+    started: Instant,
+}
+
+impl Timer {
+    pub(crate) fn start() -> Self {
+        Timer {
+            started: Instant::now(),
+        }
+    }
+
+    pub(crate) fn claim(self, scope: &str, mode: Mode) {
+        self.record("idem_claim_duration_seconds", scope, mode);
+    }
+
+    pub(crate) fn handler(self, scope: &str, mode: Mode) {
+        self.record("idem_handler_duration_seconds", scope, mode);
+    }
+
+    fn record(self, name: &'static str, scope: &str, mode: Mode) {
+        metrics::histogram!(name, "scope" => scope.to_owned(), "mode" => mode.label())
+            .record(self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// Counts a Redis cache look-up or write by its result.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn cache(name: &'static str, result: &'static str) {
+    metrics::counter!(name, "result" => result).increment(1);
+}
