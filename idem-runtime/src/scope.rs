@@ -230,8 +230,8 @@ mod tests {
             let body = || ();
             identity_of(&body)
         }
-        fn generic<T>() -> &'static str {
-            let body = || ();
+        fn generic<T: Default>() -> &'static str {
+            let body = || T::default();
             identity_of(&body)
         }
         assert!(handle().ends_with("::handle"), "{}", handle());
