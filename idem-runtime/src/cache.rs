@@ -323,7 +323,7 @@ mod with_redis {
 
         /// The prefix of the entries' names, `<prefix><namespace>:<scope>:<key>` (default
         /// `idem:`). Handles on other databases or schemas never share entries, whatever
-        /// their prefix (see the [module docs](self)).
+        /// their prefix (see the [module docs](crate::cache)).
         pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
             self.prefix = prefix.into();
             self

@@ -1,7 +1,7 @@
 //! The transactional protocol: claim, run and mark a key in the handler's own transaction.
 //!
 //! Before anything reaches PostgreSQL, the handler's scope is checked (see
-//! [`scope`](crate::scope)), the Redis cache is asked where there is one, and the delivery
+//! [`crate::scope`]), the Redis cache is asked where there is one, and the delivery
 //! takes the key's turn in the process: another delivery of the same key in this process
 //! is waited for here, holding no connection, at most the lock timeout. Then one
 //! transaction per delivery:
