@@ -509,25 +509,26 @@ impl<T: KeyPart> KeyPart for Vec<T> {
 }
 impl<T: SoleKeyPart> SoleKeyPart for Vec<T> {}
 
-/// The compile-time check that a key holds a part that is not a timestamp (see
-/// [the rule](crate::key#keys-made-only-of-timestamps)), as `#[idempotent]` generates it. Its items
-/// are named in that check's compile errors; they are not meant to be used otherwise.
-///
-/// Each key field is classified by method resolution on its concrete type ("autoref
-/// specialization"): [`Identifies`] if it implements [`SoleKeyPart`], [`OnlyTimestamps`] if
-/// it implements only [`KeyPart`], and [`Identifies`] again if it is no key part at all,
-/// so that such a field gets the one error of its own (no canonical encoding) rather than
-/// a second one about timestamps. The classes are folded with [`Or`], and
-/// [`key_identifies_a_fact`] requires the result to be [`Identifies`].
-///
-/// ```ignore
-/// use idem_runtime::__private::identifies::*;
-/// key_identifies_a_fact(Or::or(
-///     (&&&Probe(&event.order_id)).key_part_class(),
-///     (&&&Probe(&event.created_at)).key_part_class(),
-/// ));
-/// ```
 pub mod identifies {
+    //! The compile-time check that a key holds a part that is not a timestamp (see
+    //! [the rule](crate::key#keys-made-only-of-timestamps)), as `#[idempotent]` generates it. Its items
+    //! are named in that check's compile errors; they are not meant to be used otherwise.
+    //!
+    //! Each key field is classified by method resolution on its concrete type ("autoref
+    //! specialization"): `Identifies` if it implements [`SoleKeyPart`], [`OnlyTimestamps`] if
+    //! it implements only [`KeyPart`], and `Identifies` again if it is no key part at all,
+    //! so that such a field gets the one error of its own (no canonical encoding) rather than
+    //! a second one about timestamps. The classes are folded with [`Or`], and
+    //! [`key_identifies_a_fact`] requires the result to be `Identifies`.
+    //!
+    //! ```ignore
+    //! use idem_runtime::__private::identifies::*;
+    //! key_identifies_a_fact(Or::or(
+    //!     (&&&Probe(&event.order_id)).key_part_class(),
+    //!     (&&&Probe(&event.created_at)).key_part_class(),
+    //! ));
+    //! ```
+
     use super::{KeyPart, SoleKeyPart};
 
     /// A key part that identifies something, or a value that is no key part.
@@ -535,7 +536,7 @@ pub mod identifies {
     #[doc(hidden)]
     pub struct Identifies;
 
-    /// A key part that is only instants in time.
+    /// A key part that is only timestamps (instants in time).
     pub struct OnlyTimestamps;
 
     /// A key field, to classify with `(&&&Probe(&field)).key_part_class()`.
