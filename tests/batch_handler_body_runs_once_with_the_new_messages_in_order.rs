@@ -7,7 +7,7 @@ use idem_suite::orders::OrderEvent;
 use idem_suite::testing;
 use sqlx::{PgConnection, PgPool};
 
-#[idempotent(key = "order_id, event_type")]
+#[idempotent(key = "order_id, event_type", scope = "record_orders")]
 async fn record_orders(
     tx: &mut PgConnection,
     events: &[&OrderEvent],

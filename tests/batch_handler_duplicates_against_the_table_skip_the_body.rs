@@ -7,7 +7,7 @@ use idem_suite::orders::OrderEvent;
 use idem_suite::testing;
 use sqlx::{PgConnection, PgPool};
 
-#[idempotent(key = "order_id, event_type", scope = "orders")]
+#[idempotent(key = "order_id, event_type", scope = "orders", shared_scope = true)]
 async fn record_orders(
     tx: &mut PgConnection,
     events: &[&OrderEvent],
@@ -19,7 +19,12 @@ async fn record_orders(
 
 /// One message at a time, in the same scope: its keys are the batch handler's keys. It
 /// stores no result either, as a batch handler's keys have none to replay.
-#[idempotent(key = "order_id, event_type", scope = "orders", store_result = false)]
+#[idempotent(
+    key = "order_id, event_type",
+    scope = "orders",
+    shared_scope = true,
+    store_result = false
+)]
 async fn record_order(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
     testing::insert_effect(tx, event).await
 }

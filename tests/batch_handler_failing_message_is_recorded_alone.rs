@@ -42,7 +42,11 @@ impl Declined {
     }
 }
 
-#[idempotent(key = "order_id, event_type", max_attempts = 2)]
+#[idempotent(
+    key = "order_id, event_type",
+    scope = "record_orders",
+    max_attempts = 2
+)]
 async fn record_orders(
     tx: &mut PgConnection,
     events: &[&OrderEvent],

@@ -12,7 +12,7 @@ use sqlx::{PgConnection, PgPool};
 
 const LOCK_TIMEOUT: Duration = Duration::from_millis(300);
 
-#[idempotent(key = "order_id, event_type", scope = "orders")]
+#[idempotent(key = "order_id, event_type", scope = "orders", shared_scope = true)]
 async fn record_orders(
     tx: &mut PgConnection,
     events: &[&OrderEvent],
@@ -23,7 +23,7 @@ async fn record_orders(
 }
 
 /// One message of the same scope, holding its claim until released.
-#[idempotent(key = "order_id, event_type", scope = "orders")]
+#[idempotent(key = "order_id, event_type", scope = "orders", shared_scope = true)]
 async fn hold_order(
     tx: &mut PgConnection,
     event: &OrderEvent,

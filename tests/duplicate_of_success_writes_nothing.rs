@@ -6,7 +6,7 @@ use idem_suite::orders::OrderEvent;
 use idem_suite::testing;
 use sqlx::{Connection, PgConnection, PgPool};
 
-#[idempotent(key = "order_id, event_type")]
+#[idempotent(key = "order_id, event_type", scope = "apply")]
 async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
     testing::insert_effect(tx, event).await
 }

@@ -24,7 +24,7 @@ struct Job {
     gate: Checkpoint,
 }
 
-#[idempotent(key = "order_id", mode = "lease", lease = "30s")]
+#[idempotent(key = "order_id", scope = "notify", mode = "lease", lease = "30s")]
 async fn notify(lease: &Lease, job: &Job) -> Result<String, std::io::Error> {
     job.sent.fetch_add(1, Ordering::SeqCst);
     // Hold the lease until the test has seen every duplicate refused.

@@ -22,7 +22,7 @@ struct Job {
     dies_at: Option<Checkpoint>,
 }
 
-#[idempotent(key = "order_id", mode = "lease", lease = "1s")]
+#[idempotent(key = "order_id", scope = "notify", mode = "lease", lease = "1s")]
 async fn notify(lease: &Lease, job: &Job) -> Result<u32, std::io::Error> {
     if let Some(checkpoint) = &job.dies_at {
         match checkpoint.reach_and_hang().await {}

@@ -32,7 +32,13 @@ struct Job<'a> {
     runs: Option<&'a AtomicUsize>,
 }
 
-#[idempotent(key = "order_id", mode = "lease", lease = "1500ms", max_attempts = 2)]
+#[idempotent(
+    key = "order_id",
+    scope = "sync_order",
+    mode = "lease",
+    lease = "1500ms",
+    max_attempts = 2
+)]
 async fn sync_order(lease: &Lease, job: &Job<'_>) -> Result<u32, SyncError> {
     if let Some(runs) = job.runs {
         runs.fetch_add(1, Ordering::SeqCst);

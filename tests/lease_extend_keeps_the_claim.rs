@@ -29,7 +29,7 @@ struct Job {
     extended: Checkpoint,
 }
 
-#[idempotent(key = "order_id", mode = "lease", lease = "1s")]
+#[idempotent(key = "order_id", scope = "export", mode = "lease", lease = "1s")]
 async fn export(lease: &Lease, job: &Job) -> Result<u32, ExportError> {
     job.claimed.reach().await;
     lease.extend(Duration::from_secs(5)).await?;

@@ -28,7 +28,13 @@ struct Job<'a> {
 }
 
 // A lease far longer than the test: only the released lease lets the retry in.
-#[idempotent(key = "order_id", mode = "lease", lease = "1h", max_attempts = 5)]
+#[idempotent(
+    key = "order_id",
+    scope = "push",
+    mode = "lease",
+    lease = "1h",
+    max_attempts = 5
+)]
 async fn push(lease: &Lease, job: &Job<'_>) -> Result<u32, PushFailed> {
     job.calls.fetch_add(1, Ordering::SeqCst);
     if job.gateway_down.load(Ordering::SeqCst) {

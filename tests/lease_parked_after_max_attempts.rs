@@ -42,7 +42,13 @@ impl<'a> Job<'a> {
     }
 }
 
-#[idempotent(key = "order_id", mode = "lease", lease = "1s", max_attempts = 2)]
+#[idempotent(
+    key = "order_id",
+    scope = "call_webhook",
+    mode = "lease",
+    lease = "1s",
+    max_attempts = 2
+)]
 async fn call_webhook(lease: &Lease, job: &Job<'_>) -> Result<u32, Rejected> {
     job.runs.fetch_add(1, Ordering::SeqCst);
     match job.behaviour {

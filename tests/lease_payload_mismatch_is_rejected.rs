@@ -39,6 +39,7 @@ impl<'a> Refund<'a> {
 
 #[idempotent(
     key = "order_id",
+    scope = "refund",
     fingerprint = "amount_cents",
     mode = "lease",
     lease = "1s",

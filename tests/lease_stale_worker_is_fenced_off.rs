@@ -46,7 +46,7 @@ impl Job {
     }
 }
 
-#[idempotent(key = "order_id", mode = "lease", lease = "1s")]
+#[idempotent(key = "order_id", scope = "notify", mode = "lease", lease = "1s")]
 async fn notify(lease: &Lease, job: &Job) -> Result<String, Refused> {
     *job.lease.lock().unwrap() = Some(lease.clone());
     job.mailbox

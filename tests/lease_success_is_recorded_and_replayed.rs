@@ -24,7 +24,7 @@ struct Job<'a> {
     sent: &'a AtomicUsize,
 }
 
-#[idempotent(key = "order_id", mode = "lease", lease = "30s")]
+#[idempotent(key = "order_id", scope = "notify", mode = "lease", lease = "30s")]
 async fn notify(lease: &Lease, job: &Job<'_>) -> Result<Receipt, std::io::Error> {
     job.sent.fetch_add(1, Ordering::SeqCst);
     Ok(Receipt {
@@ -33,7 +33,12 @@ async fn notify(lease: &Lease, job: &Job<'_>) -> Result<Receipt, std::io::Error>
     })
 }
 
-#[idempotent(key = "order_id", mode = "lease", store_result = false)]
+#[idempotent(
+    key = "order_id",
+    scope = "notify_unstored",
+    mode = "lease",
+    store_result = false
+)]
 async fn notify_unstored(job: &Job<'_>) -> Result<String, std::io::Error> {
     job.sent.fetch_add(1, Ordering::SeqCst);
     Ok(format!("msg-{}", job.order_id))
@@ -43,7 +48,7 @@ async fn notify_unstored(job: &Job<'_>) -> Result<String, std::io::Error> {
 static OWNED_RUNS: AtomicUsize = AtomicUsize::new(0);
 
 /// Without a lease guard, with an owned message.
-#[idempotent(key = "order_id", mode = "lease")]
+#[idempotent(key = "order_id", scope = "notify_owned", mode = "lease")]
 async fn notify_owned(event: OrderEvent) -> Result<i64, std::io::Error> {
     OWNED_RUNS.fetch_add(1, Ordering::SeqCst);
     Ok(event.amount_cents)

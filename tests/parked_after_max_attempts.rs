@@ -16,7 +16,7 @@ struct Delivery<'a> {
     runs: &'a AtomicUsize,
 }
 
-#[idempotent(key = "order_id", max_attempts = 2)]
+#[idempotent(key = "order_id", scope = "settle", max_attempts = 2)]
 async fn settle(tx: &mut PgConnection, delivery: &Delivery<'_>) -> Result<(), Rejected> {
     delivery.runs.fetch_add(1, Ordering::SeqCst);
     let event = testing::paid(delivery.order_id, 10);

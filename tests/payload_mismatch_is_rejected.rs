@@ -19,7 +19,7 @@ async fn pay(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Err
     testing::insert_effect(tx, event).await
 }
 
-#[idempotent(key = "order_id", fingerprint = "amount_cents")]
+#[idempotent(key = "order_id", scope = "refund", fingerprint = "amount_cents")]
 async fn refund(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), Refused> {
     let _ = (tx, event);
     Err(Refused)

@@ -24,7 +24,8 @@ async fn bill(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Er
     effect(tx, "billing", event).await
 }
 
-// No `scope`: the function's name is the scope.
+// No `scope`: the scope is the handler's module path and name, here
+// `scopes_are_independent::notify_warehouse` (the test binary's crate and the function).
 #[idempotent(key = "order_id, event_type")]
 async fn notify_warehouse(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
     effect(tx, "notify_warehouse", event).await
@@ -66,7 +67,7 @@ async fn handlers_with_different_scopes_both_process_the_same_message(pool: PgPo
         .part("event_type", &event.event_type)
         .unwrap()
         .finish();
-    for scope in ["billing", "notify_warehouse"] {
+    for scope in ["billing", "scopes_are_independent::notify_warehouse"] {
         let record = idem
             .record(scope, key)
             .await

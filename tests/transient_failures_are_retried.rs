@@ -20,7 +20,7 @@ struct Transfer {
     runs: Arc<AtomicUsize>,
 }
 
-#[idempotent(key = "id")]
+#[idempotent(key = "id", scope = "transfer")]
 async fn transfer(tx: &mut PgConnection, transfer: &Transfer) -> Result<(), sqlx::Error> {
     let run = transfer.runs.fetch_add(1, Ordering::SeqCst);
     sqlx::query("UPDATE accounts SET balance = balance - 1 WHERE id = $1")
@@ -46,7 +46,7 @@ struct Conflicted<'a> {
     runs: &'a AtomicUsize,
 }
 
-#[idempotent(key = "id")]
+#[idempotent(key = "id", scope = "always_conflicts")]
 async fn always_conflicts(
     tx: &mut PgConnection,
     message: &Conflicted<'_>,

@@ -215,6 +215,7 @@ impl Scenario {
 #[idempotent(
     key = "order_id, event_type",
     scope = "bench_apply",
+    shared_scope = true,
     store_result = false
 )]
 async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
@@ -231,6 +232,7 @@ async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Er
 #[idempotent(
     key = "order_id, event_type",
     scope = "bench_apply",
+    shared_scope = true,
     store_result = false,
     batch = true
 )]
@@ -249,7 +251,11 @@ pub(crate) async fn apply_batched(
 
 /// A batch handler over the same key and scope: the body writes all new messages of a
 /// batch with one statement, as [`bare_batch`] does.
-#[idempotent(key = "order_id, event_type", scope = "bench_apply")]
+#[idempotent(
+    key = "order_id, event_type",
+    scope = "bench_apply",
+    shared_scope = true
+)]
 pub(crate) async fn apply_bulk(
     tx: &mut PgConnection,
     events: &[&OrderEvent],

@@ -79,6 +79,23 @@ pub fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
     }
     let (impl_generics, type_generics, where_clause) = generics.split_for_impl();
     let ident = &input.ident;
+    // A newtype identifies what its field identifies: one around a timestamp is a
+    // timestamp. (The bound is written under `for<'_>` so that a field type which is not
+    // `SoleKeyPart` makes the impl not apply instead of failing to compile.) Enums and
+    // structs of several fields identify, as documented on `SoleKeyPart`.
+    let newtype_field = match &input.data {
+        Data::Struct(data) if data.fields.len() == 1 => data.fields.iter().next(),
+        _ => None,
+    };
+    let mut sole_generics = generics.clone();
+    if let Some(field) = newtype_field {
+        let ty = &field.ty;
+        sole_generics
+            .make_where_clause()
+            .predicates
+            .push(parse_quote!(for<'__idem_newtype> #ty: #private::SoleKeyPart));
+    }
+    let sole_where_clause = &sole_generics.where_clause;
     Ok(quote! {
         impl #impl_generics #private::KeyPart for #ident #type_generics #where_clause {
             fn encode_key_part(
@@ -88,7 +105,7 @@ pub fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
                 #body
             }
         }
-        impl #impl_generics #private::SoleKeyPart for #ident #type_generics #where_clause {}
+        impl #impl_generics #private::SoleKeyPart for #ident #type_generics #sole_where_clause {}
     })
 }
 

@@ -2,11 +2,11 @@
 //! `idem_runtime::__private::run_transactional` (or `run_lease`) with its body as a closure.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{ToTokens, quote, quote_spanned};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, Pat, PatType, ReturnType, Signature, Type};
 
-use crate::attr::{Args, CacheArg, FieldList, Mode};
+use crate::attr::{Args, CacheArg, FieldList, FieldPath, Mode};
 
 /// The handler's parts that the expansion needs, once checked.
 struct Handler<'a> {
@@ -25,6 +25,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
     let mode = args.mode();
     let batch = args.batch(mode);
     let cache = args.cache();
+    let shared_scope = args.shared_scope();
     // With an unknown mode, the signature cannot be checked against either one.
     let handler = if args.mode_unknown {
         None
@@ -65,6 +66,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             quote!(::core::concat!(::core::module_path!(), "::", #name))
         }
     };
+    let shared_scope = shared_scope.then(|| quote!(.shared_scope()));
     let max_attempts = args
         .max_attempts
         .as_ref()
@@ -74,19 +76,11 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         _ => quote!(#private::JsonResult),
     };
 
-    let key_builder = builder(&private, message, key);
-    let sole_part_check = match key.paths.as_slice() {
-        [only] => {
-            let span = key.literal.span();
-            let field = field_access(message, &only.idents, span);
-            let private = respan(&private, span);
-            quote_spanned!(span=> #private::sole_key_part(#field);)
-        }
-        _ => quote!(),
-    };
+    let key_builder = builder(&private, message, key, Built::Key);
+    let identifies = identifies_check(&private, message, key);
     let fingerprint_expr = match &args.fingerprint {
         Some(list) => {
-            let fingerprint_builder = builder(&private, message, list);
+            let fingerprint_builder = builder(&private, message, list, Built::Fingerprint);
             quote!(::core::option::Option::Some(#fingerprint_builder.digest()))
         }
         None => quote!(::core::option::Option::None),
@@ -122,10 +116,13 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         let lease_millis = args.lease_millis();
         quote!(.lease(::core::time::Duration::from_millis(#lease_millis)))
     });
-    let spec = Ident::new("SPEC", Span::mixed_site());
+    // The generated locals are named apart from anything the user may have in scope: a
+    // `let` pattern naming a constant or a unit struct in scope would match against it.
+    let spec = Ident::new("__idem_spec", Span::mixed_site());
     let spec_item = quote! {
         let #spec: #private::HandlerSpec = #private::HandlerSpec::new(#scope)
             .declared_in(::core::module_path!())
+            #shared_scope
             #max_attempts
             #cache_policy
             #lease;
@@ -133,7 +130,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
     if let Some(element) = handler.batch_of {
         let derive = quote! {
             |#message| -> ::core::result::Result<_, #private::KeyError> {
-                #sole_part_check
+                #identifies
                 ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
             }
         };
@@ -168,23 +165,23 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         rewritten_signature(sig, &sig.ident, inputs, quote!(#private::Handled<#output>));
     // Locals of the generated code, invisible to the user's body.
     let [derived, key, fingerprint, error, transaction, result] = [
-        "derived",
-        "key",
-        "fingerprint",
-        "error",
-        "transaction",
-        "result",
+        "__idem_derived",
+        "__idem_key",
+        "__idem_fingerprint",
+        "__idem_error",
+        "__idem_transaction",
+        "__idem_result",
     ]
     .map(|name| Ident::new(name, Span::mixed_site()));
     // A transactional body may run again after a transient failure: each run gets its own
-    // copy of the owned parameters, so that the body sees them as declared. A lease body
-    // runs once and takes them as they are.
+    // clone of the owned parameters, which it may move out of. A lease body runs once and
+    // takes them as they are.
     let clone_owned: Vec<TokenStream> = sig
         .inputs
         .iter()
         .filter_map(|input| match input {
             FnArg::Typed(typed) if mode == Mode::Transaction && !is_context(typed) => {
-                clone_if_owned(typed)
+                clone_if_owned(&private, typed)
             }
             _ => None,
         })
@@ -260,39 +257,50 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             }
             other => other.to_token_stream(),
         });
-        // The message is borrowed from the slice: an owned message parameter gets a copy.
+        // The message is borrowed from the slice: an owned message parameter gets a clone.
         let clone_per_message = sig.inputs.iter().filter_map(|input| match input {
             FnArg::Typed(typed) if std::ptr::eq(typed, handler.message_param) => {
                 let ty = &typed.ty;
                 (!matches!(&**ty, Type::Reference(_))).then(|| {
-                    quote_spanned!(ty.span()=> let #message: #ty = ::core::clone::Clone::clone(#message);)
+                    let private = respan(&private, ty.span());
+                    // Spanned as the handler's own clone of the parameter, so that a
+                    // message that is not `Clone` gets one error, not one per function.
+                    quote_spanned!(ty.span()=> let #message: #ty = #private::clone_for_run(&*#message);)
                 })
             }
-            FnArg::Typed(typed) if !is_context(typed) => clone_if_owned(typed),
+            FnArg::Typed(typed) if !is_context(typed) => clone_if_owned(&private, typed),
             _ => None,
         });
-        let name = Ident::new(&format!("{}_batch", sig.ident), sig.ident.span());
+        // `r#type` gives `type_batch`.
+        let name = format_ident!("{}_batch", sig.ident);
         let signature = rewritten_signature(
             sig,
             &name,
             inputs,
             quote!(::std::vec::Vec<#private::Handled<#output>>),
         );
+        let handler_name = syn::ext::IdentExt::unraw(&sig.ident);
+        let link = if sig.ident.to_string().starts_with("r#") {
+            format!("`{handler_name}`")
+        } else {
+            format!("[`{handler_name}`]")
+        };
         let doc = format!(
-            "The batch variant of [`{}`]: claims the keys of all `messages` in one statement, runs the body for the new ones and commits once. Returns one outcome per message, in order.",
-            sig.ident
+            "The batch variant of {link}: claims the keys of all `messages` in one statement, runs the body for the new ones and commits once. Returns one outcome per message, in order.",
         );
         let run_batch_args = quote! {
             #idem,
             &#spec,
             #messages,
             |#message| -> ::core::result::Result<_, #private::KeyError> {
-                #sole_part_check
+                #identifies
                 ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
             },
             #codec_arg,
             move |mut #transaction, #message| {
                 #(#clone_per_message)*
+                // The message is used: its key was derived from it.
+                let _ = &#message;
                 async move {
                     let #result = {
                         let #connection_pat: #connection_ty = &mut *#transaction;
@@ -320,7 +328,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         #vis #signature
         {
             #spec_item
-            #sole_part_check
+            #identifies
             let #derived = (|| -> ::core::result::Result<_, #private::KeyError> {
                 ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
             })();
@@ -370,9 +378,14 @@ impl BatchHandler<'_> {
         } = item;
         let private = quote!(#krate::__private);
         let output = handler.output;
-        let [idem, messages, new, transaction, result] =
-            ["idem", "messages", "new_messages", "transaction", "result"]
-                .map(|name| Ident::new(name, Span::mixed_site()));
+        let [idem, messages, new, transaction, result] = [
+            "idem",
+            "messages",
+            "__idem_new_messages",
+            "__idem_transaction",
+            "__idem_result",
+        ]
+        .map(|name| Ident::new(name, Span::mixed_site()));
         let context = handler
             .context
             .expect("checked: transaction handlers take a connection");
@@ -389,7 +402,7 @@ impl BatchHandler<'_> {
         // transient error): each run gets its own copy of the owned parameters.
         let clone_owned = sig.inputs.iter().filter_map(|input| match input {
             FnArg::Typed(typed) if !is_context(typed) && !is_message(typed) => {
-                clone_if_owned(typed)
+                clone_if_owned(&private, typed)
             }
             _ => None,
         });
@@ -480,35 +493,74 @@ fn respan(tokens: &TokenStream, span: Span) -> TokenStream {
         .collect()
 }
 
-/// `KeyBuilder::new().part("a", &msg.a)?.part(...)?`, spanned on the literal naming the fields.
-fn builder(private: &TokenStream, message: &Ident, list: &FieldList) -> TokenStream {
-    let span = list.literal.span();
-    let parts = list.paths.iter().map(|path| {
-        let text = &path.text;
-        let field = field_access(message, &path.idents, span);
-        quote_spanned!(span=> .part(#text, #field)?)
-    });
-    quote!(#private::KeyBuilder::new() #(#parts)*)
+/// What a list of fields builds.
+#[derive(Clone, Copy)]
+enum Built {
+    /// The key: an absent value (`None`) is an error.
+    Key,
+    /// The payload fingerprint: an absent value is a value.
+    Fingerprint,
 }
 
-/// `&message.a.b`, every token spanned on `span` (the literal that names the field), so
-/// that errors about the field point there rather than at the parameter.
+/// `KeyBuilder::new().part("a", &msg.a)?.part(...)?`, each part spanned on the field that
+/// names it.
+fn builder(private: &TokenStream, message: &Ident, list: &FieldList, built: Built) -> TokenStream {
+    let start = match built {
+        Built::Key => quote!(#private::KeyBuilder::new()),
+        Built::Fingerprint => quote!(#private::KeyBuilder::fingerprint()),
+    };
+    let parts = list.paths.iter().map(|path| {
+        let span = path.span;
+        let text = &path.text;
+        let field = field_access(message, path);
+        quote_spanned!(span=> .part(#text, #field)?)
+    });
+    quote!(#start #(#parts)*)
+}
+
+/// The check that the key has a field that is not only a timestamp (see
+/// `idem_runtime::key::identifies`), spanned on the key's fields.
+fn identifies_check(private: &TokenStream, message: &Ident, key: &FieldList) -> TokenStream {
+    let span = key.span;
+    let private = respan(private, span);
+    let classes = key.paths.iter().map(|path| {
+        let field = field_access(message, path);
+        quote_spanned!(span=> (&&&#private::identifies::Probe(#field)).key_part_class())
+    });
+    let folded = classes
+        .reduce(
+            |folded, class| quote_spanned!(span=> #private::identifies::Or::or(#folded, #class)),
+        )
+        .unwrap_or_else(|| quote_spanned!(span=> #private::identifies::Identifies));
+    quote_spanned! {span=>
+        {
+            #[allow(unused_imports)]
+            use #private::identifies::{
+                ClassifyInstant as _, ClassifyOther as _, ClassifySole as _,
+            };
+            #private::identifies::key_identifies_a_fact(#folded);
+        }
+    }
+}
+
+/// `&message.a.b`, spanned on the field path (its identifiers in `key(a.b)`, the literal
+/// or the path's text inside it in `key = "a.b"`), so that errors about the field point
+/// there rather than at the parameter.
 ///
-/// The field names resolve as written, but the compiler must not suggest edits to them:
-/// its "a field with a similar name exists" would replace the whole literal with a bare
-/// identifier. Spans of the macro's own (mixed-site) context keep such suggestions out;
-/// the access is then bound to a local spanned on the literal, so that an error about the
-/// field's type (no key encoding) still points at the literal, not at the attribute.
-fn field_access(message: &Ident, idents: &[Ident], span: Span) -> TokenStream {
+/// The components carry the spans the parser gave them: the user's own identifiers, or
+/// the path's text inside the literal, let the compiler suggest a similar field name for
+/// an unknown one. A component that can only point at the whole literal is in the
+/// macro's own (mixed-site) context instead: the compiler's "a field with a similar name
+/// exists" would otherwise offer to replace the whole literal with a bare identifier. The
+/// access is then bound to a local spanned on the path, so that an error about the
+/// field's type (no key encoding) still points at the path, not at the attribute.
+fn field_access(message: &Ident, path: &FieldPath) -> TokenStream {
+    let span = path.span;
     let mut message = message.clone();
     message.set_span(span);
-    let idents = idents.iter().map(|ident| {
-        let mut ident = ident.clone();
-        ident.set_span(Span::mixed_site().located_at(span));
-        ident
-    });
+    let members = &path.members;
     let field = Ident::new("__idem_key_field", span);
-    quote_spanned!(span=> { let #field = &#message #(.#idents)*; #field })
+    quote_spanned!(span=> { let #field = &#message #(.#members)*; #field })
 }
 
 /// Checks that the handler is an `async fn (conn: &mut PgConnection, message, ...) -> R`
@@ -846,12 +898,16 @@ fn is_connection(ty: &Type) -> bool {
             .is_some_and(|segment| segment.ident == "PgConnection" && segment.arguments.is_none())
 }
 
-/// `let name = Clone::clone(&name);` for a parameter bound to a name and not a reference.
-fn clone_if_owned(typed: &PatType) -> Option<TokenStream> {
+/// `let name = clone_for_run(&name);` for a parameter bound to a name and not a
+/// reference: spanned on its type, where a type that is not `Clone` is reported with the
+/// reason (`idem_runtime::handler::ClonedForEachRun`).
+fn clone_if_owned(private: &TokenStream, typed: &PatType) -> Option<TokenStream> {
     match (&*typed.pat, &*typed.ty) {
         (Pat::Ident(pat), ty) if !matches!(ty, Type::Reference(_)) => {
             let ident = &pat.ident;
-            Some(quote_spanned!(ty.span()=> let #ident = ::core::clone::Clone::clone(&#ident);))
+            let span = ty.span();
+            let private = respan(private, span);
+            Some(quote_spanned!(span=> let #ident = #private::clone_for_run(&#ident);))
         }
         _ => None,
     }

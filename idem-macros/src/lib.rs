@@ -49,6 +49,10 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 /// list of its fields in declaration order; an enum as its variant's name (followed by
 /// its fields, for variants that have some).
 ///
+/// `SoleKeyPart` (the part identifies something, it is not only a timestamp) is
+/// implemented for enums, for structs of several fields, and for a struct of one field
+/// when that field's type implements it: a newtype around a timestamp is a timestamp.
+///
 /// Where the `idem_runtime` dependency is renamed, say so with
 /// `#[key_part(crate = "renamed")]`, as with `#[idempotent(crate = "renamed")]`.
 #[proc_macro_derive(KeyPart, attributes(key_part))]

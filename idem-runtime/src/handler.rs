@@ -157,3 +157,29 @@ impl<E> BatchResult for Result<(), E> {
         self
     }
 }
+
+/// An owned parameter of a transactional handler (`event: OrderEvent`, `limits: Limits`):
+/// each run of the body gets its own clone.
+///
+/// The body of a transactional handler may run more than once: again after a
+/// serialization failure or a deadlock rolled the earlier run back, and, in a batch, once
+/// in the batch and again on its own after another message failed. Each run takes a
+/// fresh clone of the owned parameters, so the body may move out of its copy. (The
+/// `<handler>_batch` of `batch = true` borrows its messages from a slice, so a message
+/// taken by value is cloned for each run too.) A lease-mode body runs once and takes its
+/// parameters as they are.
+#[diagnostic::on_unimplemented(
+    message = "the owned parameter `{Self}` of a transactional handler must implement `Clone`",
+    label = "each run of the body gets its own clone of this parameter",
+    note = "the body runs again after a serialization failure or a deadlock rolled the earlier run back (and a batch runs it again one message at a time after a failure), so every run takes a fresh clone of the parameters taken by value",
+    note = "derive or implement `Clone` for `{Self}`, or take the parameter by reference (`&{Self}`)"
+)]
+pub trait ClonedForEachRun: Clone {}
+
+#[diagnostic::do_not_recommend]
+impl<T: Clone> ClonedForEachRun for T {}
+
+/// The copy of an owned parameter that one run of the body takes.
+pub fn clone_for_run<T: ClonedForEachRun>(value: &T) -> T {
+    value.clone()
+}

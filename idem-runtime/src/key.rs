@@ -24,7 +24,8 @@
 //! | `u` | [`uuid::Uuid`] | the 16 bytes |
 //! | `t` | `chrono::DateTime<Tz>`, `chrono::NaiveDateTime` (read as UTC) | ASCII decimal nanoseconds since 1970-01-01T00:00:00Z |
 //! | `d` | `chrono::NaiveDate` | ASCII `YYYY-MM-DD` |
-//! | `l` | `[T]`, `Vec<T>`, structs deriving [`KeyPart`] | `count part*` of the elements |
+//! | `l` | `[T]`, `[T; N]`, `Vec<T>`, structs deriving [`KeyPart`] | `count part*` of the elements |
+//! | `n` | `None` of an `Option`, in a payload fingerprint only | none (`len` is 0) |
 //!
 //! The digest is the first 16 bytes of SHA-256 over the encoding, stamped as an
 //! [RFC 9562](https://www.rfc-editor.org/rfc/rfc9562#section-5.8) version 8 UUID.
@@ -57,9 +58,35 @@
 //! key([part(b"s", b"order-1"), part(b"s", b"paid")])  # 804192a5-97d2-8f62-9aa5-941e1b1f8c6f
 //! ```
 //!
+//! An `Option` encodes as its value when it is `Some`. In a key, `None` is an error
+//! ([`KeyError::MissingValue`]), never a part: many messages without the field would
+//! otherwise share one key. A payload fingerprint (`fingerprint = "..."`, built with
+//! [`KeyBuilder::fingerprint`]) has the same encoding but compares values rather than
+//! identifying facts, so there `None` is a part of its own: tag `n` with no bytes. It
+//! differs from the encoding of every `Some` (no other type uses the tag) and from a
+//! fingerprint without the field (the part is counted). `Some(None)` of an
+//! `Option<Option<T>>` encodes as `None`.
+//!
+//! A fixed-size array (`[u8; 16]`) encodes as the slice or the `Vec` of its elements, so a
+//! producer holding a `Vec<u8>` derives the same key.
+//!
 //! Floats, hash maps and sets have no canonical encoding and do not implement [`KeyPart`]:
 //! `0.1 + 0.2 != 0.3`, `-0.0 == 0.0` and a set's iteration order is unstable, so two
 //! deliveries of the same fact could derive different keys.
+//!
+//! # Keys made only of timestamps
+//!
+//! A key must hold at least one part that is not an instant in time: two facts can happen
+//! at the same instant and one fact can be stamped twice, so a key of timestamps alone
+//! does not identify a business fact. `#[idempotent]` checks it at compile time. The
+//! instants are `DateTime<Tz>` and `NaiveDateTime`, and what holds only instants: an
+//! `Option`, a reference, a `Box`, a slice, an array or a `Vec` of them, and a type
+//! deriving [`KeyPart`] with one field that is an instant (a newtype). So `key =
+//! "created_at"`, `key = "created_at, updated_at"`, a `Vec<DateTime<Utc>>` alone and a
+//! `struct Stamp(DateTime<Utc>)` alone are refused; `key = "order_id, created_at"` is
+//! not. A `NaiveDate` names a business period (a daily report) and counts as identifying,
+//! as do every other key part, a type deriving [`KeyPart`] with several fields and an
+//! enum deriving it. The types that count as identifying implement [`SoleKeyPart`].
 //!
 //! # Deriving a key without the macro
 //!
@@ -113,7 +140,8 @@ impl From<IdempotencyKey> for Uuid {
 /// Why a key could not be derived from a message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
-    /// A key field held no value (an `Option` that was `None`).
+    /// A key field held no value (an `Option` that was `None`). Fingerprints encode
+    /// `None` instead (see [`KeyBuilder::fingerprint`]), so only key fields fail this way.
     #[error(
         "key field `{field}` is missing: it is None, and a missing value would merge unrelated messages into one key"
     )]
@@ -137,10 +165,11 @@ pub struct MissingValue;
 
 /// A value that may be part of an idempotency key: it has one canonical encoding.
 ///
-/// Implemented for strings, integers, `bool`, `char`, [`Uuid`], chrono's `DateTime` and
-/// `NaiveDate`, slices and vectors of key parts, references and
-/// `Option` (where `None` is an error, never a value). Derive it for your own enums and
-/// newtypes with `#[derive(idem_runtime::KeyPart)]`.
+/// Implemented for strings, integers, `bool`, `char`, [`Uuid`], chrono's `DateTime`,
+/// `NaiveDateTime` and `NaiveDate`, slices, arrays and vectors of key parts, references,
+/// `Box` and `Option` (where `None` is an error in a key, and a value of its own in a
+/// payload fingerprint). Derive it for your own enums and structs with
+/// `#[derive(idem_runtime::KeyPart)]`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be part of an idempotency key",
     label = "this key field has no canonical key encoding",
@@ -152,14 +181,22 @@ pub trait KeyPart {
     fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue>;
 }
 
-/// A key part that can be a key on its own: everything but a bare instant in time.
+/// A key part that identifies something: every key part but an instant in time and what
+/// holds only instants.
 ///
-/// A timestamp alone does not identify a business fact (two facts can share an instant,
-/// one fact can be stamped twice), so a key made only of a timestamp is rejected at
-/// compile time. Derived key parts implement this too.
+/// A key needs at least one such part: timestamps alone do not identify a business fact
+/// (two facts can share an instant, one fact can be stamped twice), so `#[idempotent]`
+/// refuses a key whose every part lacks this trait, at compile time (the rule and the
+/// list of instants are in the [module docs](crate::key#keys-made-only-of-timestamps)).
+///
+/// Implemented by every [`KeyPart`] of this crate except `DateTime<Tz>` and
+/// `NaiveDateTime`, and by `Option<T>`, `&T`, `Box<T>`, `[T]`, `[T; N]` and `Vec<T>` when
+/// `T` implements it. `#[derive(KeyPart)]` implements it for an enum, for a struct with
+/// several fields, and for a struct with one field when that field's type implements it.
+/// Implement it for your own `KeyPart` types that are not instants.
 #[diagnostic::on_unimplemented(
-    message = "a key made only of the timestamp `{Self}` does not identify a business fact",
-    label = "this key is only a timestamp",
+    message = "`{Self}` is an instant in time, which does not identify a business fact on its own",
+    label = "a key needs a part that is not a timestamp",
     note = "two facts can happen at the same instant and one fact can be stamped twice: key on the business id, e.g. `key = \"order_id, created_at\"`"
 )]
 pub trait SoleKeyPart: KeyPart {}
@@ -170,6 +207,8 @@ pub struct KeyEncoder {
     bytes: Vec<u8>,
     count: u32,
     too_large: bool,
+    /// Encoding a payload fingerprint: an absent value is a part (tag `n`), not an error.
+    fingerprint: bool,
 }
 
 impl KeyEncoder {
@@ -219,12 +258,26 @@ impl KeyEncoder {
         self.push_part(b'd', format!("{year:04}-{month:02}-{day:02}").as_bytes());
     }
 
+    /// Appends an absent value (`None`): in a payload fingerprint, a part with tag `n` and
+    /// no bytes; in a key, the error [`MissingValue`], since many messages without the
+    /// value would otherwise share one key.
+    pub fn absent(&mut self) -> Result<(), MissingValue> {
+        if !self.fingerprint {
+            return Err(MissingValue);
+        }
+        self.push_part(b'n', &[]);
+        Ok(())
+    }
+
     /// Appends a list part (tag `l`) whose elements `encode` writes into a nested encoder.
     pub fn list(
         &mut self,
         encode: impl FnOnce(&mut KeyEncoder) -> Result<(), MissingValue>,
     ) -> Result<(), MissingValue> {
-        let mut nested = KeyEncoder::default();
+        let mut nested = KeyEncoder {
+            fingerprint: self.fingerprint,
+            ..KeyEncoder::default()
+        };
         encode(&mut nested)?;
         self.too_large |= nested.too_large;
         let mut bytes = Vec::with_capacity(4 + nested.bytes.len());
@@ -248,6 +301,30 @@ impl KeyBuilder {
     /// Starts an empty key.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Starts an empty payload fingerprint (`fingerprint = "..."`): the key encoding,
+    /// except that an absent value (`None`) is a part of its own (tag `n`, see the
+    /// [module docs](self)) instead of [`KeyError::MissingValue`]. A fingerprint compares
+    /// payloads, so "no value" is one of the values it compares.
+    ///
+    /// ```
+    /// use idem_runtime::key::KeyBuilder;
+    ///
+    /// let none: Option<i64> = None;
+    /// let absent = KeyBuilder::fingerprint().part("discount", &none)?.digest();
+    /// let zero = KeyBuilder::fingerprint().part("discount", &Some(0_i64))?.digest();
+    /// assert_ne!(absent, zero);
+    /// assert!(KeyBuilder::new().part("discount", &none).is_err());
+    /// # Ok::<(), idem_runtime::KeyError>(())
+    /// ```
+    pub fn fingerprint() -> Self {
+        KeyBuilder {
+            encoder: KeyEncoder {
+                fingerprint: true,
+                ..KeyEncoder::default()
+            },
+        }
     }
 
     /// Appends the part `value`; `field` names it in errors only (it is not encoded).
@@ -315,12 +392,14 @@ impl<T: KeyPart + ?Sized> KeyPart for Box<T> {
 }
 impl<T: SoleKeyPart + ?Sized> SoleKeyPart for Box<T> {}
 
-/// `None` is an error, never a value: many messages with a missing field must not share a key.
+/// `Some` encodes as its value. `None` is an error in a key (many messages with a missing
+/// field must not share a key) and a part of its own in a fingerprint: see
+/// [`KeyEncoder::absent`].
 impl<T: KeyPart> KeyPart for Option<T> {
     fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
         match self {
             Some(value) => value.encode_key_part(encoder),
-            None => Err(MissingValue),
+            None => encoder.absent(),
         }
     }
 }
@@ -412,14 +491,123 @@ impl<T: KeyPart> KeyPart for [T] {
         })
     }
 }
-impl<T: KeyPart> SoleKeyPart for [T] {}
+impl<T: SoleKeyPart> SoleKeyPart for [T] {}
+
+/// Encodes as the slice of its elements: `[u8; 16]` and the `Vec<u8>` of the same bytes
+/// give one key.
+impl<T: KeyPart, const N: usize> KeyPart for [T; N] {
+    fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
+        self.as_slice().encode_key_part(encoder)
+    }
+}
+impl<T: SoleKeyPart, const N: usize> SoleKeyPart for [T; N] {}
 
 impl<T: KeyPart> KeyPart for Vec<T> {
     fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
         self.as_slice().encode_key_part(encoder)
     }
 }
-impl<T: KeyPart> SoleKeyPart for Vec<T> {}
+impl<T: SoleKeyPart> SoleKeyPart for Vec<T> {}
+
+pub mod identifies {
+    //! The compile-time check that a key holds a part that is not a timestamp (see
+    //! [the rule](crate::key#keys-made-only-of-timestamps)), as `#[idempotent]` generates it. Its items
+    //! are named in that check's compile errors; they are not meant to be used otherwise.
+    //!
+    //! Each key field is classified by method resolution on its concrete type ("autoref
+    //! specialization"): `Identifies` if it implements [`SoleKeyPart`], [`OnlyTimestamps`] if
+    //! it implements only [`KeyPart`], and `Identifies` again if it is no key part at all,
+    //! so that such a field gets the one error of its own (no canonical encoding) rather than
+    //! a second one about timestamps. The classes are folded with [`Or`], and
+    //! [`key_identifies_a_fact`] requires the result to be `Identifies`.
+    //!
+    //! ```ignore
+    //! use idem_runtime::__private::identifies::*;
+    //! key_identifies_a_fact(Or::or(
+    //!     (&&&Probe(&event.order_id)).key_part_class(),
+    //!     (&&&Probe(&event.created_at)).key_part_class(),
+    //! ));
+    //! ```
+
+    use super::{KeyPart, SoleKeyPart};
+
+    /// A key part that identifies something, or a value that is no key part.
+    // Hidden, so that the compile error of a key of timestamps does not list it.
+    #[doc(hidden)]
+    pub struct Identifies;
+
+    /// A key part that is only timestamps (instants in time).
+    pub struct OnlyTimestamps;
+
+    /// A key field, to classify with `(&&&Probe(&field)).key_part_class()`.
+    pub struct Probe<'a, T: ?Sized>(pub &'a T);
+
+    /// The first choice: the field implements [`SoleKeyPart`].
+    pub trait ClassifySole {
+        /// [`Identifies`].
+        fn key_part_class(&self) -> Identifies {
+            Identifies
+        }
+    }
+    impl<T: SoleKeyPart + ?Sized> ClassifySole for &&Probe<'_, T> {}
+
+    /// The second choice: the field implements only [`KeyPart`].
+    pub trait ClassifyInstant {
+        /// [`OnlyTimestamps`].
+        fn key_part_class(&self) -> OnlyTimestamps {
+            OnlyTimestamps
+        }
+    }
+    impl<T: KeyPart + ?Sized> ClassifyInstant for &Probe<'_, T> {}
+
+    /// The last choice: the field is no key part; its own error says why.
+    pub trait ClassifyOther {
+        /// [`Identifies`], so that the field gets one error, not two.
+        fn key_part_class(&self) -> Identifies {
+            Identifies
+        }
+    }
+    impl<T: ?Sized> ClassifyOther for Probe<'_, T> {}
+
+    /// Whether either of two classes identifies.
+    pub trait Or<Other> {
+        /// The class of both parts together.
+        type Output;
+        /// Folds two classes.
+        fn or(self, other: Other) -> Self::Output;
+    }
+    impl<Other> Or<Other> for Identifies {
+        type Output = Identifies;
+        fn or(self, _: Other) -> Identifies {
+            Identifies
+        }
+    }
+    impl Or<Identifies> for OnlyTimestamps {
+        type Output = Identifies;
+        fn or(self, _: Identifies) -> Identifies {
+            Identifies
+        }
+    }
+    impl Or<OnlyTimestamps> for OnlyTimestamps {
+        type Output = OnlyTimestamps;
+        fn or(self, _: OnlyTimestamps) -> OnlyTimestamps {
+            OnlyTimestamps
+        }
+    }
+
+    /// The class of a key that identifies a business fact.
+    #[diagnostic::on_unimplemented(
+        message = "this key is made only of timestamps, which do not identify a business fact",
+        label = "every field of this key is an instant in time",
+        note = "two facts can happen at the same instant and one fact can be stamped twice: add the business id to the key, e.g. `key = \"order_id, created_at\"`",
+        note = "`DateTime` and `NaiveDateTime` are instants, and so are an `Option`, a `Vec`, a slice or an array of them and a newtype deriving `KeyPart` around one; a `NaiveDate` (a business day) is not"
+    )]
+    pub trait IdentifiesAFact {}
+    impl IdentifiesAFact for Identifies {}
+
+    /// Requires the folded class of a key's fields to identify a business fact.
+    pub fn key_identifies_a_fact<C: IdentifiesAFact>(_: C) {}
+}
 
 mod chrono_parts {
     use super::{KeyEncoder, KeyPart, MissingValue, SoleKeyPart};
@@ -511,6 +699,63 @@ mod tests {
             }
         );
         assert_eq!(key(&[&Some("x")]), key(&[&"x"]));
+    }
+
+    #[test]
+    fn fingerprint_encodes_none_as_a_part_of_its_own() {
+        let none: Option<i64> = None;
+        let builder = KeyBuilder::fingerprint().part("discount", &none).unwrap();
+        assert_eq!(
+            builder.encoding(),
+            b"idem:v1\x00\x00\x00\x01n\x00\x00\x00\x00".to_vec()
+        );
+        // A key still refuses it.
+        assert_eq!(
+            KeyBuilder::new().part("discount", &none).unwrap_err(),
+            KeyError::MissingValue { field: "discount" }
+        );
+    }
+
+    #[test]
+    fn fingerprint_of_none_differs_from_every_value_and_from_an_absent_field() {
+        fn fingerprint(parts: &[&dyn KeyPart]) -> [u8; 32] {
+            parts
+                .iter()
+                .try_fold(KeyBuilder::fingerprint(), |builder, part| {
+                    builder.part("", *part)
+                })
+                .unwrap()
+                .digest()
+        }
+        let (none_int, none_str): (Option<i64>, Option<&str>) = (None, None);
+        let none = fingerprint(&[&"eur", &none_int]);
+        assert_ne!(none, fingerprint(&[&"eur", &Some(0_i64)]));
+        assert_ne!(none, fingerprint(&[&"eur", &Some("")]));
+        assert_ne!(none, fingerprint(&[&"eur", &Vec::<i64>::new()]));
+        assert_ne!(
+            none,
+            fingerprint(&[&"eur"]),
+            "a fingerprint without the field"
+        );
+        assert_eq!(none, fingerprint(&[&"eur", &none_str]), "None has no type");
+        // `Some` encodes as its value, in a fingerprint as in a key.
+        assert_eq!(
+            fingerprint(&[&Some(5_i64)]),
+            KeyBuilder::new().part("", &5_i64).unwrap().digest()
+        );
+        // Inside a list too.
+        let list = vec![Some(1_i64), None];
+        assert_ne!(fingerprint(&[&list]), fingerprint(&[&vec![Some(1_i64)]]));
+        assert!(KeyBuilder::new().part("list", &list).is_err());
+    }
+
+    #[test]
+    fn arrays_encode_as_their_slice_and_vec() {
+        let bytes = [0xde_u8, 0xad, 0xbe, 0xef];
+        assert_eq!(key(&[&bytes]), key(&[&bytes.to_vec()]));
+        assert_eq!(key(&[&bytes]), key(&[&&bytes[..]]));
+        let ids: [&str; 2] = ["a", "b"];
+        assert_eq!(key(&[&ids]), "15ea568c-a614-86dd-aa31-6f678aeac200");
     }
 
     #[test]

@@ -56,7 +56,7 @@
 //!         .part("order_id", &event.order_id)?
 //!         .part("event_type", &event.event_type)?
 //!         .finish();
-//!     let fingerprint = KeyBuilder::new().part("amount_cents", &event.amount_cents)?.digest();
+//!     let fingerprint = KeyBuilder::fingerprint().part("amount_cents", &event.amount_cents)?.digest();
 //!     idem_runtime::transactional::run(idem, &spec, key, Some(fingerprint), JsonResult, move |mut transaction| async move {
 //!         let result = {
 //!             let tx: &mut PgConnection = &mut *transaction;
@@ -77,8 +77,13 @@
 //!   `Result<Outcome<T>, Error<E>>`.
 //! - The body runs as written (`?` and `return` behave as in the original function) on
 //!   the transaction's connection, and may run again after a serialization failure or a
-//!   deadlock rolled an earlier run back; so it sees owned parameters by reference and
-//!   must not move out of them.
+//!   deadlock rolled an earlier run back (and, in a batch, again on its own after another
+//!   message failed). Each run takes its own clone of the parameters taken by value (an
+//!   owned message, `limits: Limits`): they must be `Clone` (the compile error says why,
+//!   see [`handler::ClonedForEachRun`]), and the body may move out of its copy. A
+//!   lease-mode body runs once and takes its parameters as they are.
+//! - The key is also checked at compile time to hold a field that is not a timestamp
+//!   (see [`key`](key#keys-made-only-of-timestamps)).
 //! - With `mode = "lease"` the handler takes an optional `lease: &Lease` guard instead of
 //!   the connection and calls [`lease::run`]; with `batch = true` a second function
 //!   `<handler>_batch(&Idem, &[Message], ...)` calls [`batch::run`], which runs the body
@@ -157,11 +162,12 @@
 //!
 //! | argument | meaning |
 //! |----------|---------|
-//! | `key = "a, b.c"` | **required**: the message fields (paths) that identify the business fact, in order |
-//! | `scope = "name"` | the handler's stable identity in the status table; default: the function's name. Renaming the function changes the default scope, and old keys no longer match: set `scope` before renaming |
-//! | `fingerprint = "x, y"` | payload fields compared on every duplicate: the same key with other values is [`Error::PayloadMismatch`] |
+//! | `key = "a, b.c"` or `key(a, b.c)` | **required**: the message fields (paths) that identify the business fact, in order. A field named with a keyword is `type` or `r#type`, a tuple field its index (`pair.0`). Written as identifiers, the fields follow an IDE's renames, and the compiler's errors and suggestions ("a field with a similar name exists") point at the field at fault; inside a string, stable Rust underlines the whole string, and the errors name the field (or its type). `None` in an `Option` field is [`Error::Key`] at run time |
+//! | `scope = "name"` | the handler's stable identity in the status table; default: the handler's module path and name (`concat!(module_path!(), "::apply_payment")`, such as `billing::apply_payment`). Renaming or moving the function changes the default scope, and old keys no longer match: set `scope` before |
+//! | `shared_scope = true` | with `scope`: other handlers use the same scope on purpose, and each says so; without it, two handlers on one scope are refused at their first run (`Error::ScopeConflict`). Without `scope`, a compile error |
+//! | `fingerprint = "x, y"` or `fingerprint(x, y)` | payload fields compared on every duplicate: the same key with other values is [`Error::PayloadMismatch`]. `None` in an `Option` field is a value here ([`KeyBuilder::fingerprint`](key::KeyBuilder::fingerprint)) |
 //! | `max_attempts = 3` | failed attempts before the key is parked (default: the runtime's, 5) |
-//! | `store_result = false` | do not store the result; duplicates get `Outcome::Duplicate(None)` and the result type need not be serde |
+//! | `store_result = false` | do not store the result; duplicates get `Outcome::Duplicate(None)` and the result type need not be serde. A handler returning `Result<(), E>` stores nothing either way, and its duplicates get `Outcome::Duplicate(Some(()))` |
 //! | `mode = "lease"`, `lease = "30s"` | lease mode, for effects outside the database: see [`lease`] |
 //! | `batch = true` | also generate `<handler>_batch` over a slice of messages, running the body once per new message: see [`batch`]. A batch handler (message parameter `&[&Message]`, see [above](#batch-handlers)) needs no argument and runs its body once per batch |
 //! | `cache = false`, `cache_ttl = "30m"` | feature `redis`: this handler skips the Redis cache of duplicates, or keeps its entries that long (default: the handle's TTL); see [`cache`]. Without the feature, a compile error names it |
@@ -214,8 +220,10 @@ pub use outcome::{Disposition, Error, Handled, HandlerError, HandlerResult, Outc
 pub mod __private {
     pub use crate::batch::{run as run_batch, run_bulk as run_batch_handler};
     pub use crate::cache::{CacheSwitch, CacheTtlMillis, handler_cache};
-    pub use crate::handler::{HandlerSpec, JsonResult, NoResult};
-    pub use crate::key::{KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart};
+    pub use crate::handler::{HandlerSpec, JsonResult, NoResult, clone_for_run};
+    pub use crate::key::{
+        KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart, identifies,
+    };
     pub use crate::lease::{Lease, run as run_lease};
     pub use crate::transactional::run as run_transactional;
     pub use crate::{Error, Handled, HandlerResult, Idem, IdempotencyKey, Outcome};
@@ -224,10 +232,5 @@ pub mod __private {
     /// Fixes the output type of the handler's body, so that `?` in it converts errors.
     pub fn handler_body<R, F: core::future::Future<Output = R>>(body: F) -> F {
         body
-    }
-
-    /// Requires a key of one part not to be a bare timestamp.
-    pub fn sole_key_part<T: SoleKeyPart + ?Sized>(value: &T) -> &T {
-        value
     }
 }

@@ -64,6 +64,7 @@ pub enum ApplyError {
     key = "event_key",
     fingerprint = "order_id, event_type, amount_cents",
     scope = "apply_order_event",
+    shared_scope = true,
     max_attempts = 3,
     store_result = false,
     batch = true
@@ -81,6 +82,7 @@ pub async fn apply_order_event(
     key = "event_key",
     fingerprint = "order_id, event_type, amount_cents",
     scope = "apply_order_event",
+    shared_scope = true,
     max_attempts = 3,
     store_result = false
 )]
@@ -102,6 +104,7 @@ pub async fn apply_order_event_at(
     key = "event_key",
     fingerprint = "order_id, event_type, amount_cents",
     scope = "apply_order_event",
+    shared_scope = true,
     max_attempts = 3,
     store_result = false,
     batch = true
