@@ -87,9 +87,11 @@ async fn key_held_beyond_the_lock_timeout_is_in_progress_and_the_others_commit(p
     .await;
     let calls = Calls::default();
     let hold = Checkpoint::new();
+    // Held by another process (a handle of its own): the batch meets it at the row lock.
+    let other = Idem::builder(pool.clone()).build().unwrap();
     let holder = tokio::spawn({
-        let (idem, hold) = (idem.clone(), hold.clone());
-        async move { hold_order(&idem, &testing::paid("held", 1), &hold).await }
+        let hold = hold.clone();
+        async move { hold_order(&other, &testing::paid("held", 1), &hold).await }
     });
     hold.reached().await;
 

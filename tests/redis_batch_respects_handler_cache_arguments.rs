@@ -98,7 +98,8 @@ async fn batch_with_cache_ttl_keeps_its_entries_that_long(pool: PgPool) {
     // handler's TTL rather than the handle's 10 minutes.
     redis_support::written(&idem, 2).await;
     for order in ["o-first", "o-last"] {
-        let name = redis_support::entry_name(&prefix, "batch_short_lived_pay", key(order));
+        let name =
+            redis_support::entry_name(&idem, &prefix, "batch_short_lived_pay", key(order)).await;
         let ttl = redis_support::pttl(&url, &name).await;
         assert!(
             (80_000..=90_000).contains(&ttl),

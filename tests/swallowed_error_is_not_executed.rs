@@ -1,4 +1,5 @@
 //! A body that swallows a database error and returns `Ok` from its aborted transaction is not reported as executed: nothing was committed.
+use idem_runtime::store::Status;
 use idem_runtime::{Disposition, Error, Outcome, idempotent, key::KeyBuilder};
 use idem_suite::orders::OrderEvent;
 use idem_suite::testing;
@@ -86,10 +87,17 @@ async fn ok_from_an_aborted_transaction_is_an_error_not_an_execution(pool: PgPoo
             "{scope}"
         );
         assert_eq!(error.disposition(), Disposition::Retry);
+        // Nothing committed; the failure counts as an attempt, so that a body that always
+        // swallows an error is parked after max_attempts.
+        let record = idem
+            .record(scope, key)
+            .await
+            .unwrap()
+            .expect("the failure is recorded");
         assert_eq!(
-            idem.record(scope, key).await.unwrap(),
-            None,
-            "{scope}: a key was recorded"
+            (record.status, record.attempts),
+            (Status::Failed, 1),
+            "{scope}"
         );
     }
     assert_eq!(testing::count_rows(&pool, "order_effects").await, 0);
@@ -142,9 +150,10 @@ async fn ok_from_an_aborted_batch_transaction_is_not_an_execution(pool: PgPool) 
         "{error:?}"
     );
 
-    // Only the healthy line is committed, with its key.
+    // Only the healthy line is committed, with its key; the swallowing one's failure is
+    // recorded as an attempt.
     assert_eq!(testing::count_rows(&pool, "order_effects").await, 1);
-    assert_eq!(testing::count_rows(&pool, "idem.idem_keys").await, 1);
+    assert_eq!(testing::count_rows(&pool, "idem.idem_keys").await, 2);
     let committed = KeyBuilder::new()
         .part("order_id", "o-line-1")
         .unwrap()
