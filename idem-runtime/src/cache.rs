@@ -272,7 +272,8 @@ mod with_redis {
 
     #[derive(Clone)]
     enum Source {
-        Client(Client),
+        // Boxed: with TLS (feature `redis-tls`) a client is some 240 bytes.
+        Client(Box<Client>),
         Manager(ConnectionManager),
     }
 
@@ -288,7 +289,7 @@ mod with_redis {
 
         /// A cache over `client` (connected on first use, with the timeouts of this cache).
         pub fn new(client: Client) -> Self {
-            Self::with_source(Source::Client(client))
+            Self::with_source(Source::Client(Box::new(client)))
         }
 
         /// A cache over an existing connection manager (its reconnection settings stay as
@@ -297,7 +298,10 @@ mod with_redis {
             Self::with_source(Source::Manager(manager))
         }
 
-        /// A cache at `url` (`redis://host:port/db`). Parses the URL; does not connect.
+        /// A cache at `url` (`redis://host:port/db`; `rediss://` over TLS with the feature
+        /// `redis-tls`, the server's certificate checked against the Mozilla roots: for a
+        /// private CA, give [`RedisCache::new`] a client from
+        /// `redis::Client::build_with_tls`). Parses the URL; does not connect.
         pub fn from_url(url: &str) -> Result<Self, RedisError> {
             Client::open(url).map(Self::new)
         }
@@ -771,7 +775,7 @@ mod with_redis {
                 .set_connection_timeout(Some(self.settings.timeout))
                 .set_response_timeout(Some(self.settings.timeout))
                 .set_number_of_retries(0);
-            let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+            let manager = ConnectionManager::new_lazy_with_config(Client::clone(client), config)?;
             Ok(self.manager.get_or_init(|| manager).clone())
         }
 
