@@ -290,22 +290,30 @@ async fn a_deferred_constraint_broken_by_the_body_is_parked_after_max_attempts(p
     .await
     .unwrap();
     let event = testing::paid("o-deferred", 1);
-    for attempt in 1..=2 {
-        let error = break_a_deferred_constraint(&idem, &event)
-            .await
-            .expect_err("the commit fails");
-        assert!(matches!(error, Error::Database(_)), "{error:?}");
-        let record = idem
-            .record("deferred", key_of("o-deferred"))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(record.attempts, attempt);
-        assert!(
-            record.last_error.unwrap().contains("carrier"),
-            "names the constraint"
-        );
-    }
+    let error = break_a_deferred_constraint(&idem, &event)
+        .await
+        .expect_err("the commit fails");
+    assert!(matches!(error, Error::Database(_)), "{error:?}");
+    assert_eq!(error.disposition(), Disposition::Retry);
+    let record = idem
+        .record("deferred", key_of("o-deferred"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.attempts, 1);
+    assert!(
+        record.last_error.unwrap().contains("carrier"),
+        "names the constraint"
+    );
+    // The attempt that parks the key says so: dead-letter it now.
+    let error = break_a_deferred_constraint(&idem, &event)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::Parked { attempts: 2, .. }),
+        "{error:?}"
+    );
+    assert_eq!(error.disposition(), Disposition::DeadLetter);
     let error = break_a_deferred_constraint(&idem, &event)
         .await
         .unwrap_err();
@@ -334,10 +342,15 @@ async fn a_body_that_swallows_a_failed_statement_is_parked_after_max_attempts(po
     let idem = Idem::builder(pool.clone()).max_attempts(3).build().unwrap();
     let idem = testing::setup_with(idem).await;
     let event = testing::paid("o-swallow", 1);
-    for _ in 0..3 {
+    for _ in 0..2 {
         let error = swallow_a_failed_statement(&idem, &event).await.unwrap_err();
         assert!(matches!(error, Error::Database(_)), "{error:?}");
     }
+    let error = swallow_a_failed_statement(&idem, &event).await.unwrap_err();
+    assert!(
+        matches!(error, Error::Parked { attempts: 3, .. }),
+        "{error:?}"
+    );
     let error = swallow_a_failed_statement(&idem, &event).await.unwrap_err();
     assert!(
         matches!(error, Error::Parked { attempts: 3, .. }),
@@ -456,10 +469,13 @@ async fn a_lease_completion_refused_by_the_server_is_parked_after_max_attempts(p
     .await
     .unwrap();
     let event = testing::paid("o-refused", 1);
-    for _ in 0..2 {
-        let error = notify(&idem, &event).await.unwrap_err();
-        assert!(matches!(error, Error::Database(_)), "{error:?}");
-    }
+    let error = notify(&idem, &event).await.unwrap_err();
+    assert!(matches!(error, Error::Database(_)), "{error:?}");
+    let error = notify(&idem, &event).await.unwrap_err();
+    assert!(
+        matches!(error, Error::Parked { attempts: 2, .. }),
+        "{error:?}"
+    );
     let error = notify(&idem, &event).await.unwrap_err();
     assert!(
         matches!(error, Error::Parked { attempts: 2, .. }),
@@ -587,9 +603,15 @@ async fn duplicates_of_a_busy_key_hold_no_connection_and_other_keys_go_on(pool: 
 #[error("declined")]
 struct Declined;
 
+struct Declining {
+    order_id: String,
+    /// Announced once the body runs, holding the key's row.
+    running: Checkpoint,
+}
+
 #[idempotent(key = "order_id", scope = "bounded")]
-async fn decline(_tx: &mut PgConnection, event: &OrderEvent) -> Result<(), Declined> {
-    let _ = event;
+async fn decline(_tx: &mut PgConnection, message: &Declining) -> Result<(), Declined> {
+    message.running.announce();
     tokio::time::sleep(Duration::from_millis(300)).await;
     Err(Declined)
 }
@@ -621,11 +643,16 @@ async fn recording_a_failure_behind_a_locked_row_waits_at_most_the_lock_timeout(
         .execute(&pool)
         .await
         .unwrap();
+    let running = Checkpoint::new();
     let delivery = tokio::spawn({
         let idem = idem.clone();
-        async move { decline(&idem, &testing::paid("o-bounded", 1)).await }
+        let message = Declining {
+            order_id: "o-bounded".to_owned(),
+            running: running.clone(),
+        };
+        async move { decline(&idem, &message).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    running.reached().await;
     let mut other = pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM idem.idem_keys WHERE key = $1 FOR UPDATE")
         .bind(key.as_uuid())
@@ -742,20 +769,131 @@ async fn a_body_that_rolls_back_itself_is_parked_not_executed(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
-async fn a_body_that_commits_itself_is_reported_not_executed(pool: PgPool) {
+async fn a_body_that_commits_itself_is_parked_not_executed(pool: PgPool) {
     let idem = testing::setup(&pool).await;
     let event = testing::paid("o-commit", 1);
     let error = end_own_transaction(&idem, &event).await.unwrap_err();
     assert!(matches!(error, Error::TransactionEnded { .. }), "{error:?}");
-    // What the body committed itself stays committed, with the key: no second effect.
+    // What the body committed itself stays committed; the key it committed with it is
+    // parked, for an operator to look at: never run again, never reported done.
     assert_eq!(effects(&pool).await, 1);
+    let record = idem
+        .record("self_ending", key_of("o-commit"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, Status::Parked);
+    let error = end_own_transaction(&idem, &event).await.unwrap_err();
+    assert!(matches!(error, Error::Parked { .. }), "{error:?}");
+    assert_eq!(effects(&pool).await, 1);
+}
+
+#[derive(Clone)]
+struct Line {
+    order_id: String,
+    end: Option<&'static str>,
+}
+
+#[idempotent(key = "order_id", scope = "ending_batch", batch = true)]
+async fn apply_line(tx: &mut PgConnection, line: &Line) -> Result<(), sqlx::Error> {
+    testing::insert_effect(tx, &testing::paid(&line.order_id, 1)).await?;
+    if let Some(statement) = line.end {
+        sqlx::query(statement).execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_batch_whose_body_ends_the_transaction_parks_its_keys_and_applies_nothing_twice(
+    pool: PgPool,
+) {
+    let idem = testing::setup(&pool).await;
+    for end in ["ROLLBACK", "COMMIT"] {
+        let line = |n: &str, ends: bool| Line {
+            order_id: format!("{end}-{n}"),
+            end: ends.then_some(end),
+        };
+        let batch = [line("1", false), line("2", true), line("3", false)];
+        let outcomes = apply_line_batch(&idem, &batch).await;
+        for outcome in &outcomes {
+            assert!(
+                matches!(outcome, Err(Error::TransactionEnded { .. })),
+                "{end}: {outcome:?}"
+            );
+        }
+        // Nothing runs again, so nothing is applied twice; every key is parked.
+        let outcomes = apply_line_batch(&idem, &batch).await;
+        for outcome in &outcomes {
+            assert!(
+                matches!(outcome, Err(Error::Parked { .. })),
+                "{end}: {outcome:?}"
+            );
+        }
+        let doubled: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT order_id FROM order_effects \
+             GROUP BY order_id HAVING count(*) > 1) d",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(doubled, 0, "{end}");
+    }
+}
+
+// ---- Two processes of one crate: handlers sharing a scope are refused there too.
+
+#[sqlx::test(migrations = false)]
+async fn methods_named_handle_in_two_processes_of_one_crate_are_refused(pool: PgPool) {
+    let first = testing::setup(&pool).await;
+    let second = Idem::new(pool.clone());
+    let event = testing::paid("o-two-processes", 100);
     assert!(
-        end_own_transaction(&idem, &event)
+        ledgers::Billing::handle(&first, &event)
             .await
             .unwrap()
-            .is_duplicate()
+            .is_executed()
     );
-    assert_eq!(effects(&pool).await, 1);
+    assert_conflict(
+        ledgers::Shipping::handle(&second, &event).await,
+        &["Billing", "Shipping", "release_scope"],
+    );
+    assert_eq!(
+        book::<Cash>(&first, &testing::paid("o-cash", 1))
+            .await
+            .unwrap(),
+        Outcome::Executed("cash".to_owned())
+    );
+    assert_conflict(
+        book::<Card>(&second, &testing::paid("o-card", 1)).await,
+        &["Cash", "Card"],
+    );
+    assert_eq!(effects(&pool).await, 2);
+}
+
+#[idempotent(key = "order_id", scope = "nul_lease", mode = "lease")]
+async fn lease_answer_with_nul(event: &OrderEvent) -> Result<String, std::io::Error> {
+    Ok(format!("nul \0 inside, {}", event.order_id))
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_lease_result_holding_a_nul_character_is_stored_and_replayed(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    let event = testing::paid("o-nul-lease", 1);
+    let Outcome::Executed(first) = lease_answer_with_nul(&idem, &event).await.unwrap() else {
+        panic!("executes");
+    };
+    assert_eq!(
+        lease_answer_with_nul(&idem, &event).await.unwrap(),
+        Outcome::Duplicate(Some(first))
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_scope_with_a_nul_character_halts_before_anything_runs(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    const NUL: HandlerSpec = HandlerSpec::new("pay\0ments");
+    assert_conflict(run_as(&idem, &NUL, "o-1").await, &["NUL"]);
+    assert_eq!(effects(&pool).await, 0);
 }
 
 // ---- The takeover of a failed key records a fingerprint first given then.

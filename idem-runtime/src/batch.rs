@@ -455,6 +455,16 @@ where
             reason,
         } => (retry, decided, reason),
     };
+    if let Fallback::TransactionEnded { xid } = reason {
+        tracing::warn!(scope = spec.scope, messages = retry.len(), "{reason}; its keys are parked");
+        for index in retry {
+            let (key, fingerprint) = keyed(index);
+            let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);
+            transactional::park_ended(idem, spec, &[(key, fingerprint)], xid).await;
+            decided.push((index, Err(Error::TransactionEnded { key })));
+        }
+        return decided;
+    }
     tracing::debug!(
         scope = spec.scope,
         messages = retry.len(),
@@ -509,8 +519,27 @@ fn same_error<E>(error: &Error<E>, key: IdempotencyKey) -> Error<E> {
 enum Fallback {
     #[error("a handler failed")]
     HandlerFailed,
+    /// A body ended the batch transaction itself: what followed it may have been
+    /// committed outside the transaction, so no message of the batch runs again.
+    #[error("a body ended the batch transaction (COMMIT or ROLLBACK in the body)")]
+    TransactionEnded { xid: i64 },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+}
+
+/// Commits the batch transaction `xid` with the check of [`transactional::commit_checked`].
+async fn commit(
+    idem: &Idem,
+    tx: Transaction<'static, Postgres>,
+    xid: i64,
+) -> Result<(), Fallback> {
+    match transactional::commit_checked(tx, &idem.statements().commit_only(xid)).await {
+        Ok(()) => Ok(()),
+        Err(error) if transactional::ended_by_body(&error) => {
+            Err(Fallback::TransactionEnded { xid })
+        }
+        Err(error) => Err(Fallback::Database(error)),
+    }
 }
 
 /// An array column of the claim's row: empty when the aggregate had no rows (NULL).
@@ -743,7 +772,7 @@ where
     }
     // A body that swallowed a failed statement left the transaction aborted, or ended it
     // itself: the check fails then, where a bare COMMIT would lose the claims silently.
-    transactional::commit_checked(tx, &idem.statements().commit_only(xid)).await?;
+    commit(idem, tx, xid).await?;
     Ok(values
         .into_iter()
         .map(|(index, value)| (index, Ok(Outcome::Executed(value))))
@@ -773,7 +802,7 @@ where
         return Err(Fallback::HandlerFailed);
     }
     // As in `run_each`: an aborted or ended transaction fails the check.
-    transactional::commit_checked(tx, &idem.statements().commit_only(xid)).await?;
+    commit(idem, tx, xid).await?;
     Ok(owned
         .into_iter()
         .map(|index| (index, Ok(Outcome::Executed(()))))

@@ -301,6 +301,11 @@ where
             attempts,
             parked,
         }),
+        (Some((attempts, true)), Err(_)) => Err(Error::Parked {
+            key,
+            attempts,
+            last_error: text,
+        }),
         (Some(_), Err(error)) => Err(error),
         (None, _) => {
             tracing::warn!(%key, scope, error = %text, "lease lost before the failure was recorded");

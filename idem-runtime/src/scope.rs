@@ -10,17 +10,20 @@
 //!   owns it there. Another handler with the same scope (a function of another name
 //!   with the same `scope = "..."`, a method of the same name in another `impl` block,
 //!   another instantiation of a generic handler) gets [`ScopeConflict`];
-//! - **in the database**: the first run of a scope records the crate that declares it in
-//!   `idem_scopes`. A handler of another crate (another service sharing the database)
-//!   with the same scope gets [`ScopeConflict`].
+//! - **in the database**: the first run of a scope records the crate and the handler that
+//!   declare it in `idem_scopes` (the handler as the compiler names its path, e.g.
+//!   `my_service::billing::Ledger::handle`). Another handler with the same scope, of
+//!   another crate (another service sharing the database) or of the same crate in another
+//!   process, gets [`ScopeConflict`].
 //!
 //! A scope shared on purpose is declared so by every handler that uses it
 //! (`#[idempotent(scope = "payments", shared_scope = true)]`, or
 //! [`HandlerSpec::shared_scope`]); it then records no owner.
 //!
-//! Renaming the crate that owns a scope makes the renamed crate's handlers conflict with
-//! the recorded owner: [`Idem::release_scope`](crate::Idem::release_scope) forgets the
-//! owner, and the next handler that runs with the scope records its own.
+//! Renaming or moving a handler that has an explicit `scope`, or renaming its crate, makes
+//! it conflict with the recorded owner: once the old version has stopped,
+//! [`Idem::release_scope`](crate::Idem::release_scope) forgets the owner, and the next
+//! handler that runs with the scope records itself.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -91,7 +94,8 @@ impl Scopes {
         if let Some(seen) = self.lookup(spec.scope) {
             return compare(spec.scope, seen, ours);
         }
-        let owner = (!spec.shared_scope).then(|| owner_crate(spec, identity));
+        check_name(spec.scope)?;
+        let owner = (!spec.shared_scope).then(|| (owner_crate(spec, identity), identity));
         record(pool, table, spec.scope, owner).await?;
         let mut seen = self
             .seen
@@ -148,38 +152,78 @@ fn compare(scope: &str, first: Seen, ours: Seen) -> Result<(), Error> {
     }))
 }
 
-/// Records the scope's owner (`None`: shared) unless one is recorded, and compares.
-async fn record(pool: &PgPool, table: &str, scope: &str, owner: Option<&str>) -> Result<(), Error> {
+/// The longest scope, in bytes.
+const MAX_SCOPE: usize = 200;
+
+/// Refuses a scope that the status table cannot hold or index: empty, with a NUL
+/// character, or longer than [`MAX_SCOPE`] bytes. A deployment error, like a conflict.
+fn check_name(scope: &str) -> Result<(), Error> {
+    let problem = if scope.is_empty() {
+        "it is empty"
+    } else if scope.contains('\0') {
+        "it contains a NUL character"
+    } else if scope.len() > MAX_SCOPE {
+        "it is longer than 200 bytes"
+    } else {
+        return Ok(());
+    };
+    Err(conflict(
+        scope,
+        format!("scope {scope:.60?} cannot be used: {problem}; give the handler a short, plain `scope = \"...\"`"),
+    ))
+}
+
+/// Records the scope's owner, its crate and handler (`None`: shared), unless one is
+/// recorded, and compares.
+async fn record(
+    pool: &PgPool,
+    table: &str,
+    scope: &str,
+    owner: Option<(&str, &str)>,
+) -> Result<(), Error> {
     let statement = format!(
         "WITH inserted AS ( \
-            INSERT INTO {table} (scope, owner, shared) VALUES ($1, $2, $2 IS NULL) \
-            ON CONFLICT (scope) DO NOTHING RETURNING owner, shared) \
-         SELECT owner, shared FROM inserted \
+            INSERT INTO {table} (scope, owner, handler, shared) VALUES ($1, $2, $3, $2 IS NULL) \
+            ON CONFLICT (scope) DO NOTHING RETURNING owner, handler, shared) \
+         SELECT owner, handler, shared FROM inserted \
          UNION ALL \
-         SELECT owner, shared FROM {table} WHERE scope = $1 AND NOT EXISTS (SELECT FROM inserted)"
+         SELECT owner, handler, shared FROM {table} WHERE scope = $1 AND NOT EXISTS (SELECT FROM inserted)"
     );
+    let (crate_name, handler) = owner.unzip();
     // A registration committed while this one waited is not in this statement's
     // snapshot: the second try sees it.
     for _ in 0..2 {
-        let row: Option<(Option<String>, bool)> = sqlx::query_as(&statement)
+        let row: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(&statement)
             .bind(scope)
-            .bind(owner)
+            .bind(crate_name)
+            .bind(handler)
             .fetch_optional(pool)
             .await
             .map_err(Error::Database)?;
-        let Some((recorded, shared)) = row else {
+        let Some((recorded, recorded_handler, shared)) = row else {
             continue;
         };
         return match (owner, recorded.as_deref(), shared) {
             (None, _, true) => Ok(()),
-            (Some(ours), Some(theirs), false) if ours == theirs => Ok(()),
-            (Some(ours), Some(theirs), false) => Err(conflict(
+            (Some((ours, our_handler)), Some(theirs), false) if ours == theirs => {
+                match recorded_handler.as_deref() {
+                    None => Ok(()),
+                    Some(their_handler) if their_handler == our_handler => Ok(()),
+                    Some(their_handler) => Err(conflict(
+                        scope,
+                        format!(
+                            "scope `{scope}` belongs to handler `{their_handler}` in this database, and handler `{our_handler}` uses it too, so each would skip the other's messages as duplicates: give one of them its own `scope = \"...\"`; if `{our_handler}` is `{their_handler}` renamed or moved, call `Idem::release_scope(\"{scope}\")` once the old version has stopped; if they are meant to share the keys, declare `shared_scope = true` on both"
+                        ),
+                    )),
+                }
+            }
+            (Some((ours, _)), Some(theirs), false) => Err(conflict(
                 scope,
                 format!(
                     "scope `{scope}` belongs to crate `{theirs}` in this database, and crate `{ours}` uses it too, so each would skip the other's messages as duplicates: give this handler its own `scope = \"...\"`; if `{ours}` is `{theirs}` renamed, call `Idem::release_scope(\"{scope}\")` once; if the crates are meant to share the keys, declare `shared_scope = true` on all their handlers of the scope"
                 ),
             )),
-            (Some(ours), _, _) => Err(conflict(
+            (Some((ours, _)), _, _) => Err(conflict(
                 scope,
                 format!(
                     "scope `{scope}` is declared shared in this database, but this handler of crate `{ours}` does not declare `shared_scope = true`: declare it, or give the handler its own scope"

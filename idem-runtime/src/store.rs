@@ -148,6 +148,7 @@ pub(crate) struct Statements {
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub instance: String,
     record_failure: String,
+    park_committed: String,
     record: String,
     reset: String,
     claim_lease: String,
@@ -220,6 +221,11 @@ impl Statements {
                  WHERE k.status = 'failed' \
                  RETURNING attempts, status"
             ),
+            // A row that the transaction `$3` committed itself (its body ran `COMMIT`).
+            park_committed: format!(
+                "UPDATE {table} SET status = 'parked', last_error = $4, updated_at = now() \
+                 WHERE scope = $1 AND key = $2 AND xmin = xid($3::text::xid8)"
+            ),
             record: format!(
                 "SELECT scope, key, status, attempts, last_error, result, created_at, updated_at \
                  FROM {table} WHERE scope = $1 AND key = $2"
@@ -271,7 +277,7 @@ impl Statements {
                  WHERE scope = $1 AND key = $2 AND lease_owner = $3 AND status = 'processing'"
             ),
             complete_lease: format!(
-                "UPDATE {table} SET status = 'success', result = $4, lease_expires_at = NULL, updated_at = now() \
+                "UPDATE {table} SET status = 'success', result = $4::text::json, lease_expires_at = NULL, updated_at = now() \
                  WHERE scope = $1 AND key = $2 AND lease_owner = $3 AND status = 'processing'"
             ),
             fail_lease: format!(
@@ -386,6 +392,25 @@ impl Statements {
             .fetch_optional(conn)
             .await?;
         row.as_ref().map(failure_recorded).transpose()
+    }
+
+    /// Parks `key` if the transaction `xid` wrote its row and committed; `false` if not.
+    pub async fn park_committed(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        xid: i64,
+        error: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(&self.park_committed)
+            .bind(scope)
+            .bind(key)
+            .bind(xid.to_string())
+            .bind(error)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     pub async fn record(
@@ -533,7 +558,7 @@ impl Statements {
             .bind(scope)
             .bind(key)
             .bind(token)
-            .bind(result)
+            .bind(result.map(serde_json::Value::to_string))
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)

@@ -185,11 +185,10 @@ where
                     }
                     Err(error) if retries.take(&error).await => continue,
                     Err(error) if ended_by_body(&error) => {
-                        let text = "the handler's body ended the transaction that held its key (COMMIT or ROLLBACK in the body)";
-                        record_failure(idem, spec, key, fingerprint, text, 1).await;
+                        park_ended(idem, spec, &[(key, fingerprint)], xid).await;
                         return Err(Error::TransactionEnded { key });
                     }
-                    Err(error) if is_refusal(&error) => {
+                    Err(error) if counts_as_attempt(&error) => {
                         // Reported by the server about this transaction (an aborted
                         // transaction, a deferred constraint): an attempt like a handler
                         // error, so that a message that can never commit is parked.
@@ -197,7 +196,7 @@ where
                             ErrorTexts::Full => storable_text(&format!("commit failed: {error}")),
                             _ => error_kind("commit failed", &error),
                         };
-                        record_failure(
+                        let recorded = record_failure(
                             idem,
                             spec,
                             key,
@@ -206,7 +205,15 @@ where
                             max_attempts(idem, spec),
                         )
                         .await;
-                        return Err(Error::Database(error));
+                        // The attempt that parks the key says so: dead-letter it now.
+                        return Err(match recorded {
+                            Some((attempts, true)) => Error::Parked {
+                                key,
+                                attempts,
+                                last_error: text,
+                            },
+                            _ => Error::Database(error),
+                        });
                     }
                     Err(error) => return Err(Error::Database(error)),
                 }
@@ -216,6 +223,16 @@ where
                 tx.rollback().await.ok();
                 if is_transient(error.as_std_error()) && retries.wait().await {
                     continue;
+                }
+                if !counts_as_attempt_of(error.as_std_error()) {
+                    // A lost connection, a server going away, a lock timeout: not the
+                    // message's fault. Nothing is recorded; the next delivery retries.
+                    tracing::debug!(%key, scope, "handler failed for a reason that is not the message's; no attempt counted");
+                    return Err(Error::Handler {
+                        source: error,
+                        attempts: 0,
+                        parked: false,
+                    });
                 }
                 error
             }
@@ -381,19 +398,77 @@ pub(crate) async fn commit_checked(
     Ok(())
 }
 
-/// Whether PostgreSQL refused the transaction for what it holds (a deferred constraint, an
-/// aborted transaction, a value it cannot store): a failure of the message, counted as an
-/// attempt. Not: a lost or killed connection, a server shutting down or out of resources,
-/// a serialization failure or deadlock (classes 08, 40, 53, 57, 58), which say nothing
-/// about the message.
-pub(crate) fn is_refusal(error: &sqlx::Error) -> bool {
-    error.as_database_error().is_some_and(|db| {
-        let code = db.code();
-        let class = code
-            .as_deref()
-            .map_or("", |code| code.get(..2).unwrap_or(""));
-        !matches!(class, "" | "08" | "40" | "53" | "57" | "58")
-    })
+/// Whether a failure counts as an attempt of the message: a refusal by PostgreSQL of
+/// what the transaction holds (a constraint, an aborted transaction, a value it cannot
+/// store, a statement timeout), a serialization failure or deadlock that persisted through
+/// the retries, or the handler's own error. Not: a lost or killed connection, a server
+/// shutting down or out of resources, a lock timeout, a pool or I/O error (SQLSTATE
+/// classes 08, 53, 57 but 57014, 58, and 55P03), which say nothing about the message.
+pub(crate) fn counts_as_attempt(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => {
+            let code = db.code();
+            let code = code.as_deref().unwrap_or("");
+            let class = code.get(..2).unwrap_or("");
+            !(matches!(class, "08" | "53" | "58" | "")
+                || (class == "57" && code != "57014")
+                || code == "55P03")
+        }
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => false,
+        _ => true,
+    }
+}
+
+/// [`counts_as_attempt`] for a handler's error: decided by the first database error among
+/// its sources, if any; the handler's own errors count.
+pub(crate) fn counts_as_attempt_of(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(error) = current {
+        if let Some(sqlx_error) = error.downcast_ref::<sqlx::Error>() {
+            return counts_as_attempt(sqlx_error);
+        }
+        current = error.source();
+    }
+    true
+}
+
+/// Parks the keys of a transaction that a body ended itself (`COMMIT` or `ROLLBACK`): a
+/// key whose row that transaction committed is set from `success` to `parked`; a key that
+/// it did not commit is recorded `parked`. Its effects may be partly committed: nothing
+/// of it runs again until an operator looks and resets the key.
+pub(crate) async fn park_ended(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    keys: &[(IdempotencyKey, Option<&[u8]>)],
+    xid: i64,
+) {
+    const TEXT: &str = "the handler's body ended the transaction that held its key (COMMIT or ROLLBACK in the body); its effects may be partly committed";
+    for &(key, fingerprint) in keys {
+        let parked = async {
+            let mut tx = idem.bounded_transaction().await?;
+            let parked = idem
+                .statements()
+                .park_committed(&mut tx, spec.scope, key.as_uuid(), xid, TEXT)
+                .await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(parked)
+        }
+        .await;
+        match parked {
+            Ok(true) => {}
+            Ok(false) => {
+                record_failure(idem, spec, key, fingerprint, TEXT, 1).await;
+            }
+            Err(error) => {
+                tracing::warn!(%key, scope = spec.scope, %error, "could not park a key whose transaction the body ended");
+            }
+        }
+    }
 }
 
 /// Whether the commit's check found that the body ended the claim's transaction
