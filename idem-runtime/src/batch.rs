@@ -456,7 +456,11 @@ where
         } => (retry, decided, reason),
     };
     if let Fallback::TransactionEnded { xid } = reason {
-        tracing::warn!(scope = spec.scope, messages = retry.len(), "{reason}; its keys are parked");
+        tracing::warn!(
+            scope = spec.scope,
+            messages = retry.len(),
+            "{reason}; its keys are parked"
+        );
         for index in retry {
             let (key, fingerprint) = keyed(index);
             let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);
@@ -528,11 +532,7 @@ enum Fallback {
 }
 
 /// Commits the batch transaction `xid` with the check of [`transactional::commit_checked`].
-async fn commit(
-    idem: &Idem,
-    tx: Transaction<'static, Postgres>,
-    xid: i64,
-) -> Result<(), Fallback> {
+async fn commit(idem: &Idem, tx: Transaction<'static, Postgres>, xid: i64) -> Result<(), Fallback> {
     match transactional::commit_checked(tx, &idem.statements().commit_only(xid)).await {
         Ok(()) => Ok(()),
         Err(error) if transactional::ended_by_body(&error) => {
