@@ -26,8 +26,10 @@
 //! deferred constraint, a body that swallowed a failed statement) is recorded the same way,
 //! so that a message that can never commit is parked after `max_attempts`; a body that ends
 //! the transaction itself (`COMMIT` or `ROLLBACK`) gets [`Error::TransactionEnded`] and its
-//! key is parked. A lost connection, a server shutdown, a serialization failure or a
-//! deadlock is not the message's fault and counts no attempt.
+//! key is parked (in a batch, every key of the batch: nothing of it runs again). A lost or
+//! killed connection, a server shutdown, a lock timeout is not the message's fault and
+//! counts no attempt, in the body or at the commit; a serialization failure or deadlock is
+//! run again a few times, and counts once it persists.
 
 use std::future::Future;
 use std::time::Duration;
