@@ -38,7 +38,11 @@ async fn deliver_twice_and_count(idem: &Idem, event: &OrderEvent) {
         pay(idem, event).await.unwrap(),
         Outcome::Duplicate(Some(_))
     ));
-    assert_eq!(redis_support::stats(idem).hits, 1, "the duplicate came from Redis");
+    assert_eq!(
+        redis_support::stats(idem).hits,
+        1,
+        "the duplicate came from Redis"
+    );
 }
 
 #[sqlx::test(migrations = false)]

@@ -169,7 +169,9 @@ fn check_name(scope: &str) -> Result<(), Error> {
     };
     Err(conflict(
         scope,
-        format!("scope {scope:.60?} cannot be used: {problem}; give the handler a short, plain `scope = \"...\"`"),
+        format!(
+            "scope {scope:.60?} cannot be used: {problem}; give the handler a short, plain `scope = \"...\"`"
+        ),
     ))
 }
 
