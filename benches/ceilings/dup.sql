@@ -1,6 +1,29 @@
--- A duplicate through PostgreSQL (the `idem-dup` scenario): the claim reads the row in the
--- way, and the transaction rolls back. run.sh seeds keys 1 to 2000 as succeeded.
+-- A duplicate through idem (the `idem-dup` scenario): `BEGIN; SET LOCAL lock_timeout` in
+-- one round trip, the claim, which answers with the row in the way (a success: no row
+-- written, no lock taken), and the client's ROLLBACK. The runtime sends that ROLLBACK with
+-- the connection's next use; it is a round trip of its own here. run.sh seeds keys 1 to
+-- 2000 as succeeded.
+--
+-- Runs with -M simple, the claim prepared once per connection (see idem.sql).
 \set n random(1, 2000)
-BEGIN;
-SELECT won FROM idem.idem_claim('ceiling', md5(:n::text)::uuid, '\x00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff'::bytea, 5000);
+\if :prepared = 0
+PREPARE claim (text, uuid, bytea, text) AS
+WITH claimed AS (
+    INSERT INTO idem.idem_keys AS k (scope, key, status, attempts, fingerprint)
+    VALUES ($1, $2, 'success', 1, $3)
+    ON CONFLICT (scope, key) DO NOTHING
+    RETURNING pg_current_xact_id()::text::bigint AS xid,
+              set_config('lock_timeout', $4, true) AS restored)
+SELECT xid, NULL::text AS status, NULL::integer AS attempts, NULL::bytea AS fingerprint,
+       NULL::json AS result, NULL::text AS last_error
+FROM claimed
+UNION ALL
+SELECT NULL, k.status, k.attempts, k.fingerprint, k.result, k.last_error
+FROM idem.idem_keys AS k
+WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT FROM claimed);
+\set prepared 1
+\endif
+BEGIN \; SET LOCAL lock_timeout = '5000ms';
+EXECUTE claim('ceiling', md5(:n::text)::uuid,
+              '\x00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff', '0');
 ROLLBACK;

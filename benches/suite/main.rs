@@ -2,18 +2,20 @@
 //! algorithm written by hand and through `#[idempotent]`, side by side in one run against
 //! the local PostgreSQL; batches (a body per message, and a batch handler's one body per
 //! batch), lease mode, duplicate storms with and without the Redis cache (feature
-//! `redis`); plus round trips per message and the status table's size.
+//! `redis`), new keys next to a busy key (one key held by a slow body while duplicates of
+//! it arrive); plus round trips per message and the status table's size.
 //!
 //! ```text
-//! cargo bench --bench suite --features redis     # full run (about 10 minutes)
+//! cargo bench --bench suite --features redis     # full run (about 12 minutes)
 //! cargo bench --bench suite                      # the same without the Redis scenarios
-//! IDEM_BENCH_QUICK=1 cargo bench --bench suite   # smoke run (well under a minute)
+//! IDEM_BENCH_QUICK=1 cargo bench --bench suite   # smoke run (about a minute)
 //! cargo bench --bench suite -- idem bare         # only these scenarios
 //! cargo bench --bench suite -- memory            # 1,000,000 messages through batches: peak RSS
+//! cargo bench --bench suite -- --help            # the settings below
 //! bash benches/ceilings/run.sh                   # the same SQL through pgbench: the ratios' ceilings
 //! ```
 //!
-//! Settings (environment variable, or `--name=value` after `--`):
+//! Settings (environment variable, or `--name=value` after `--`; the flag wins):
 //!
 //! | variable | flag | default | quick |
 //! |----------|------|---------|-------|
@@ -22,12 +24,14 @@
 //! | `IDEM_BENCH_WARMUP_SECS` | `--warmup-secs` | 0.3 s per cell and round | 0.15 |
 //! | `IDEM_BENCH_ROUNDS` | `--rounds` | 3 (cells alternate within a round) | 1 |
 //! | `IDEM_BENCH_CONCURRENCY` | `--concurrency` | 1,4,16,64 | 1,16 |
-//! | `IDEM_BENCH_SCENARIOS` | `--scenarios` | all | bare,article,idem,idem-dup |
+//! | `IDEM_BENCH_SCENARIOS` | `--scenarios` | all | a subset: no `idem-result`, `article-dup`, `batch-10`, `batch-100` |
 //! | `IDEM_BENCH_SYNC` | `--sync` | on,off (`synchronous_commit` per connection) | on,off |
 //! | `IDEM_BENCH_PROBE_MESSAGES` | `--probe-messages` | 200 (0: no round-trip probe) | 50 |
 //! | `IDEM_BENCH_SIZE_KEYS` | `--size-keys` | 200000 (0: no size report) | 20000 |
 //! | `IDEM_BENCH_DUP_KEYS` | `--dup-keys` | 2000 keys the duplicate scenarios cycle through | 300 |
 //! | `IDEM_BENCH_MEMORY_MESSAGES` | `--memory-messages` | 1000000 (the `memory` run only) | 100000 |
+//! | `IDEM_BENCH_BUSY_SECS` | `--busy-secs` | 10 s that the busy key's body holds the key (`busy-key` cells) | 2 |
+//! | `IDEM_BENCH_BUSY_DUPLICATES` | `--busy-duplicates` | 100 duplicates of the busy key delivered meanwhile | 100 |
 //! | `IDEM_BENCH_REDIS_URL` | `--redis-url` | `REDIS_URL`, else `redis://127.0.0.1:6379` | |
 //! | `IDEM_BENCH_DATABASE` | `--database` | `idem_bench` (created if missing, on `DATABASE_URL`'s server) | |
 //! | `IDEM_BENCH_OUT` | `--out` | `target/bench` (`results.json`, `throughput.svg`) | |
@@ -42,6 +46,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::builder::FalseyValueParser;
+use clap::{Parser, ValueEnum};
 use idem_runtime::Idem;
 use idem_suite::orders::CREATE_ORDER_EFFECTS;
 use serde::Serialize;
@@ -58,7 +64,7 @@ use crate::scenarios::{CREATE_ARTICLE_MESSAGES, Cell, Scenario, TRUNCATE};
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// `synchronous_commit` of the cell's connections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum SyncCommit {
     On,
@@ -90,56 +96,146 @@ pub(crate) struct Settings {
     /// Run the memory scenario (selected by the name `memory`).
     pub(crate) memory: bool,
     pub(crate) memory_messages: u64,
+    /// How long the busy key's body holds its key (`busy-key` cells).
+    pub(crate) busy_secs: f64,
+    /// Duplicates of the busy key delivered while its body runs.
+    pub(crate) busy_duplicates: usize,
     pub(crate) redis_url: String,
     pub(crate) database: String,
     #[serde(skip)]
     pub(crate) out: PathBuf,
 }
 
+/// The command line of the suite: every setting is a flag after `--` or an environment
+/// variable (the flag wins); scenario names after `--` pick scenarios.
+#[derive(Debug, Parser)]
+#[command(
+    name = "suite",
+    about = "idem's benchmark suite: the scenarios side by side against the local PostgreSQL (and Redis)",
+    after_help = "Run through cargo: cargo bench --bench suite --features redis -- [FLAGS] [SCENARIO...]"
+)]
+struct Cli {
+    /// Scenarios to run, by name (`memory`: the memory run). Default: all of them (a
+    /// subset in quick mode).
+    #[arg(value_name = "SCENARIO", value_parser = pick)]
+    names: Vec<Pick>,
+    /// Smoke run: shorter cells, one round, concurrency 1 and 16, fewer scenarios.
+    #[arg(
+        long,
+        env = "IDEM_BENCH_QUICK",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        value_parser = FalseyValueParser::new()
+    )]
+    quick: bool,
+    /// Seconds measured per cell and round [default: 1.5; quick: 0.4].
+    #[arg(long, env = "IDEM_BENCH_SECS", value_name = "SECONDS", value_parser = seconds)]
+    secs: Option<f64>,
+    /// Seconds of warm-up per cell and round [default: 0.3; quick: 0.15].
+    #[arg(long, env = "IDEM_BENCH_WARMUP_SECS", value_name = "SECONDS", value_parser = seconds)]
+    warmup_secs: Option<f64>,
+    /// Rounds; the cells alternate within a round [default: 3; quick: 1].
+    #[arg(long, env = "IDEM_BENCH_ROUNDS", value_parser = at_least_one)]
+    rounds: Option<usize>,
+    /// Concurrent workers, a list [default: 1,4,16,64; quick: 1,16].
+    #[arg(long, env = "IDEM_BENCH_CONCURRENCY", value_name = "LIST", value_delimiter = ',', value_parser = at_least_one)]
+    concurrency: Option<Vec<usize>>,
+    /// Scenarios to run, a list (as the names after `--`).
+    #[arg(long, env = "IDEM_BENCH_SCENARIOS", value_name = "LIST", value_delimiter = ',', value_parser = pick)]
+    scenarios: Option<Vec<Pick>>,
+    /// `synchronous_commit` of the cells' connections, a list [default: on,off].
+    #[arg(
+        long,
+        env = "IDEM_BENCH_SYNC",
+        value_name = "LIST",
+        value_delimiter = ','
+    )]
+    sync: Option<Vec<SyncCommit>>,
+    /// Messages of the round-trip probe per scenario; 0: no probe [default: 200; quick: 50].
+    #[arg(long, env = "IDEM_BENCH_PROBE_MESSAGES")]
+    probe_messages: Option<usize>,
+    /// Keys of the size report; 0: no size report [default: 200000; quick: 20000].
+    #[arg(long, env = "IDEM_BENCH_SIZE_KEYS")]
+    size_keys: Option<u64>,
+    /// Keys that the duplicate scenarios cycle through [default: 2000; quick: 300].
+    #[arg(long, env = "IDEM_BENCH_DUP_KEYS", value_parser = at_least_one)]
+    dup_keys: Option<usize>,
+    /// Messages of the `memory` run (at least 1000) [default: 1000000; quick: 100000].
+    #[arg(long, env = "IDEM_BENCH_MEMORY_MESSAGES")]
+    memory_messages: Option<u64>,
+    /// Seconds the busy key's body holds the key in `busy-key` cells [default: 10; quick: 2].
+    #[arg(long, env = "IDEM_BENCH_BUSY_SECS", value_name = "SECONDS", value_parser = seconds)]
+    busy_secs: Option<f64>,
+    /// Duplicates of the busy key delivered while its body runs.
+    #[arg(long, env = "IDEM_BENCH_BUSY_DUPLICATES", default_value_t = 100)]
+    busy_duplicates: usize,
+    /// The Redis of the cache scenarios [default: REDIS_URL, else redis://127.0.0.1:6379].
+    #[arg(long, env = "IDEM_BENCH_REDIS_URL", value_name = "URL")]
+    redis_url: Option<String>,
+    /// The bench database, created if missing on DATABASE_URL's server.
+    #[arg(long, env = "IDEM_BENCH_DATABASE", default_value = "idem_bench", value_parser = database_name)]
+    database: String,
+    /// Where results.json and throughput.svg go [default: target/bench].
+    #[arg(long, env = "IDEM_BENCH_OUT", value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// A name on the command line: a scenario, or the memory run (`memory`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pick {
+    Scenario(Scenario),
+    Memory,
+}
+
+fn pick(name: &str) -> Result<Pick, String> {
+    let name = name.trim();
+    if name == "memory" {
+        return Ok(Pick::Memory);
+    }
+    Scenario::parse(name).map(Pick::Scenario).ok_or_else(|| {
+        let known: Vec<_> = Scenario::ALL.iter().map(|s| s.name()).collect();
+        format!("unknown scenario; known: {}, memory", known.join(", "))
+    })
+}
+
+fn seconds(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Ok(secs),
+        _ => Err("not a number of seconds".into()),
+    }
+}
+
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("not a whole number above 0".into()),
+    }
+}
+
+fn database_name(name: &str) -> Result<String, String> {
+    let plain = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain {
+        Ok(name.to_string())
+    } else {
+        Err("a database name of lowercase letters, digits and '_'".into())
+    }
+}
+
 impl Settings {
     fn load() -> Result<Settings, BoxError> {
-        let mut flags = BTreeMap::new();
-        let mut filter = Vec::new();
-        for arg in std::env::args().skip(1) {
-            if let Some(flag) = arg.strip_prefix("--") {
-                let (name, value) = flag.split_once('=').unwrap_or((flag, "1"));
-                flags.insert(name.to_string(), value.to_string());
-            } else {
-                filter.push(arg);
-            }
-        }
-        let get = |name: &str| -> Option<String> {
-            flags.get(name).cloned().or_else(|| {
-                let var = format!("IDEM_BENCH_{}", name.to_uppercase().replace('-', "_"));
-                std::env::var(var).ok().filter(|v| !v.is_empty())
-            })
-        };
-        let quick = get("quick").is_some_and(|v| v != "0" && v != "false");
-        fn parse<T: FromStr>(name: &str, value: Option<String>, default: T) -> Result<T, BoxError> {
-            match value {
-                None => Ok(default),
-                Some(text) => text
-                    .trim()
-                    .parse()
-                    .map_err(|_| format!("bad value for {name}: {text:?}").into()),
-            }
-        }
-        fn list<T>(
-            name: &str,
-            value: Option<String>,
-            default: Vec<T>,
-            item: impl Fn(&str) -> Option<T>,
-        ) -> Result<Vec<T>, BoxError> {
-            match value {
-                None => Ok(default),
-                Some(text) => text
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| item(s).ok_or_else(|| format!("bad value in {name}: {s:?}").into()))
-                    .collect(),
-            }
-        }
+        Settings::from_cli(Cli::parse())
+    }
+
+    fn from_cli(cli: Cli) -> Result<Settings, BoxError> {
+        let quick = cli.quick;
         let default_scenarios = if quick {
             let mut quick = vec![
                 Scenario::Bare,
@@ -151,6 +247,7 @@ impl Settings {
                 Scenario::BatchBulk500,
                 Scenario::Lease,
                 Scenario::Storm,
+                Scenario::BusyKey,
             ];
             if cfg!(feature = "redis") {
                 quick.extend([
@@ -164,38 +261,23 @@ impl Settings {
         } else {
             Scenario::available()
         };
-        // `memory` is a run of its own, selected by name (`None` below).
-        let pick = |name: &str| -> Option<Option<Scenario>> {
-            if name == "memory" {
-                Some(None)
-            } else {
-                Scenario::parse(name).map(Some)
-            }
+        // `cargo bench -- NAME...` picks scenarios by name, before `--scenarios`.
+        let picked: Vec<Pick> = if !cli.names.is_empty() {
+            cli.names
+        } else if let Some(listed) = cli.scenarios {
+            listed
+        } else {
+            default_scenarios.into_iter().map(Pick::Scenario).collect()
         };
-        let mut picked: Vec<Option<Scenario>> = list(
-            "scenarios",
-            get("scenarios"),
-            default_scenarios.into_iter().map(Some).collect(),
-            pick,
-        )?;
-        // `cargo bench -- NAME...` picks scenarios by name.
-        if !filter.is_empty() {
-            picked = filter
-                .iter()
-                .map(|name| {
-                    pick(name).ok_or_else(|| -> BoxError {
-                        let known: Vec<_> = Scenario::ALL.iter().map(|s| s.name()).collect();
-                        format!(
-                            "unknown scenario {name:?}; known: {}, memory",
-                            known.join(", ")
-                        )
-                        .into()
-                    })
-                })
-                .collect::<Result<_, _>>()?;
+        let memory = picked.contains(&Pick::Memory);
+        let mut scenarios = Vec::new();
+        for pick in picked {
+            if let Pick::Scenario(scenario) = pick
+                && !scenarios.contains(&scenario)
+            {
+                scenarios.push(scenario);
+            }
         }
-        let memory = picked.contains(&None);
-        let scenarios: Vec<Scenario> = picked.into_iter().flatten().collect();
         if let Some(redis) = scenarios
             .iter()
             .find(|s| s.redis() && !cfg!(feature = "redis"))
@@ -206,76 +288,61 @@ impl Settings {
             )
             .into());
         }
-        let sync = list(
-            "sync",
-            get("sync"),
-            vec![SyncCommit::On, SyncCommit::Off],
-            |s| match s {
-                "on" => Some(SyncCommit::On),
-                "off" => Some(SyncCommit::Off),
-                _ => None,
-            },
-        )?;
-        let default_concurrency = if quick {
-            vec![1, 16]
-        } else {
-            vec![1, 4, 16, 64]
-        };
-        let concurrency = list(
-            "concurrency",
-            get("concurrency"),
-            default_concurrency,
-            |s| s.parse().ok().filter(|&c: &usize| c > 0),
-        )?;
-        let out = match get("out") {
-            Some(dir) => PathBuf::from(dir),
+        let out = match cli.out {
+            Some(dir) => dir,
             None => std::env::var_os("CARGO_TARGET_DIR")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
                 .join("bench"),
         };
+        let or = |normal, quick_value| if quick { quick_value } else { normal };
         let settings = Settings {
             quick,
-            secs: parse("secs", get("secs"), if quick { 0.4 } else { 1.5 })?,
-            warmup_secs: parse(
-                "warmup-secs",
-                get("warmup-secs"),
-                if quick { 0.15 } else { 0.3 },
-            )?,
-            rounds: parse("rounds", get("rounds"), if quick { 1 } else { 3 })?.max(1),
-            concurrency,
+            secs: cli.secs.unwrap_or(or(1.5, 0.4)),
+            warmup_secs: cli.warmup_secs.unwrap_or(or(0.3, 0.15)),
+            rounds: cli.rounds.unwrap_or(if quick { 1 } else { 3 }),
+            concurrency: cli.concurrency.unwrap_or_else(|| {
+                if quick {
+                    vec![1, 16]
+                } else {
+                    vec![1, 4, 16, 64]
+                }
+            }),
             scenarios,
-            sync,
-            probe_messages: parse(
-                "probe-messages",
-                get("probe-messages"),
-                if quick { 50 } else { 200 },
-            )?,
-            size_keys: parse(
-                "size-keys",
-                get("size-keys"),
-                if quick { 20_000 } else { 200_000 },
-            )?,
-            dup_keys: parse("dup-keys", get("dup-keys"), if quick { 300 } else { 2000 })?.max(1),
+            sync: cli
+                .sync
+                .unwrap_or_else(|| vec![SyncCommit::On, SyncCommit::Off]),
+            probe_messages: cli.probe_messages.unwrap_or(if quick { 50 } else { 200 }),
+            size_keys: cli
+                .size_keys
+                .unwrap_or(if quick { 20_000 } else { 200_000 }),
+            dup_keys: cli.dup_keys.unwrap_or(if quick { 300 } else { 2000 }),
             memory,
-            memory_messages: parse(
-                "memory-messages",
-                get("memory-messages"),
-                if quick { 100_000 } else { 1_000_000 },
-            )?
-            .max(1000),
-            redis_url: get("redis-url")
-                .or_else(|| std::env::var("REDIS_URL").ok())
+            memory_messages: cli
+                .memory_messages
+                .unwrap_or(if quick { 100_000 } else { 1_000_000 })
+                .max(1000),
+            busy_secs: cli.busy_secs.unwrap_or(or(10.0, 2.0)),
+            busy_duplicates: cli.busy_duplicates,
+            redis_url: cli
+                .redis_url
+                .or_else(|| {
+                    std::env::var("REDIS_URL")
+                        .ok()
+                        .filter(|url| !url.is_empty())
+                })
                 .unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
-            database: get("database").unwrap_or_else(|| "idem_bench".into()),
+            database: cli.database,
             out,
         };
-        if !settings
-            .database
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        if settings.scenarios.contains(&Scenario::BusyKey)
+            && settings.busy_secs < settings.warmup_secs + 0.5
         {
-            return Err(format!("bad database name {:?}", settings.database).into());
+            return Err(format!(
+                "busy-secs ({}) must exceed warmup-secs ({}) by 0.5 s at least: busy-key cells measure while the key is held",
+                settings.busy_secs, settings.warmup_secs
+            )
+            .into());
         }
         Ok(settings)
     }
@@ -468,7 +535,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
     let cells = throughput(&settings, &target).await?;
     let mut probes = Vec::new();
     if settings.probe_messages > 0 {
-        for &scenario in &settings.scenarios {
+        for &scenario in settings.scenarios.iter().filter(|s| s.probed()) {
             probes.push(probe(&settings, &target, &mut admin, scenario).await?);
         }
     }
@@ -615,6 +682,9 @@ async fn phase(
     total
 }
 
+/// How long before the busy key is let go the measurement of a `busy-key` cell ends.
+const BUSY_MARGIN: Duration = Duration::from_millis(50);
+
 /// The throughput cells: every round runs every cell once, in a rotated order, so that
 /// drift (checkpoints, autovacuum, other load) spreads over all scenarios alike.
 async fn throughput(settings: &Settings, target: &Target) -> Result<Vec<CellResult>, BoxError> {
@@ -630,7 +700,8 @@ async fn throughput(settings: &Settings, target: &Target) -> Result<Vec<CellResu
                 let prefix = target.prefix(&tag);
                 target.truncate().await?;
                 target.populate(settings, scenario, &prefix).await?;
-                let pool = target.pool(sync, concurrency, "idem-bench").await?;
+                let connections = concurrency + scenario.extra_connections();
+                let pool = target.pool(sync, connections, "idem-bench").await?;
                 let cell = Arc::new(Cell {
                     scenario,
                     idem: target.handle(scenario, pool.clone(), &prefix)?,
@@ -639,6 +710,19 @@ async fn throughput(settings: &Settings, target: &Target) -> Result<Vec<CellResu
                     concurrency,
                     duplicate_keys: settings.dup_keys,
                 });
+                // A busy-key cell: the busy key is held, and its duplicates delivered, before
+                // the warm-up; the other keys are measured until just before it is let go.
+                let busy = if scenario == Scenario::BusyKey {
+                    Some(
+                        cell.start_busy(
+                            Duration::from_secs_f64(settings.busy_secs),
+                            settings.busy_duplicates,
+                        )
+                        .await?,
+                    )
+                } else {
+                    None
+                };
                 let mut next = vec![0u64; concurrency];
                 let warmup = phase(
                     &cell,
@@ -647,23 +731,44 @@ async fn throughput(settings: &Settings, target: &Target) -> Result<Vec<CellResu
                     2,
                 )
                 .await;
-                let measured =
-                    phase(&cell, &mut next, Duration::from_secs_f64(settings.secs), 0).await;
+                let measure_for = match &busy {
+                    Some(busy) => busy
+                        .until
+                        .saturating_duration_since(Instant::now() + BUSY_MARGIN)
+                        .max(Duration::from_millis(100)),
+                    None => Duration::from_secs_f64(settings.secs),
+                };
+                let measured = phase(&cell, &mut next, measure_for, 0).await;
+                let busy = match busy {
+                    Some(busy) => Some(busy.finish(measured.seconds).await),
+                    None => None,
+                };
                 drop(cell);
                 pool.close().await;
                 let rate = measured.messages as f64 / measured.seconds;
+                let first_error = measured
+                    .first_error
+                    .or(warmup.first_error)
+                    .or_else(|| busy.as_ref().and_then(|b| b.first_error.clone()));
                 println!(
-                    "  round {}/{} {:<12} sync={:<3} c={:<3} {:>9.0} msg/s{}",
+                    "  round {}/{} {:<12} sync={:<3} c={:<3} {:>9.0} msg/s{}{}",
                     round + 1,
                     settings.rounds,
                     scenario.name(),
                     sync.name(),
                     concurrency,
                     rate,
-                    match (&warmup.first_error, &measured.first_error) {
-                        (_, Some(error)) | (Some(error), None) => format!("  ERROR: {error}"),
-                        (None, None) => String::new(),
-                    }
+                    busy.as_ref().map_or_else(String::new, |b| format!(
+                        "  (busy key held {:.1} s, {:.1} s measured; {} duplicates: {} answered after it, {} in-progress answers delivered again)",
+                        b.held_secs,
+                        b.measured_secs,
+                        b.duplicates,
+                        b.duplicate_answers,
+                        b.in_progress_answers
+                    )),
+                    first_error
+                        .as_ref()
+                        .map_or_else(String::new, |error| format!("  ERROR: {error}"))
                 );
                 let entry = results
                     .entry((scenario, sync, concurrency))
@@ -671,10 +776,13 @@ async fn throughput(settings: &Settings, target: &Target) -> Result<Vec<CellResu
                 entry.add_round(
                     measured.messages,
                     measured.seconds,
-                    measured.errors + warmup.errors,
-                    measured.first_error.or(warmup.first_error),
+                    measured.errors + warmup.errors + busy.as_ref().map_or(0, |b| b.errors),
+                    first_error,
                     measured.latencies_us,
                 );
+                if let Some(busy) = busy {
+                    entry.busy.push(busy);
+                }
             }
         }
     }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use serde::Serialize;
 
-use crate::scenarios::Scenario;
+use crate::scenarios::{BusyRound, Scenario};
 use crate::{BoxError, Settings, SyncCommit};
 
 /// The throughput of one scenario at one concurrency and `synchronous_commit` setting,
@@ -27,6 +27,9 @@ pub struct CellResult {
     pub errors: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_error: Option<String>,
+    /// `busy-key` cells: what the busy key's deliveries did, per round.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub busy: Vec<BusyRound>,
     #[serde(skip)]
     latencies_us: Vec<u32>,
 }
@@ -45,6 +48,7 @@ impl CellResult {
             latency_p99_ms: 0.0,
             errors: 0,
             first_error: None,
+            busy: Vec::new(),
             latencies_us: Vec::new(),
         }
     }
@@ -309,7 +313,7 @@ pub struct Report {
 /// The ratios that the report prints: (numerator, denominator, goal for a sync setting
 /// and concurrency).
 type Goal = fn(SyncCommit, usize) -> Option<f64>;
-const RATIOS: [(Scenario, Scenario, Goal); 18] = [
+const RATIOS: [(Scenario, Scenario, Goal); 19] = [
     (Scenario::Idem, Scenario::Bare, |sync, c| {
         (sync == SyncCommit::On && c == 16).then_some(0.75)
     }),
@@ -347,6 +351,9 @@ const RATIOS: [(Scenario, Scenario, Goal); 18] = [
     (Scenario::StormRedis, Scenario::Storm, |_, _| None),
     // The cache's cost on new messages: <= 5%.
     (Scenario::IdemRedis, Scenario::Idem, |_, _| Some(0.95)),
+    // New keys while one key is held by a slow body and its duplicates wait: >= 0.8x the
+    // same workload without the busy key.
+    (Scenario::BusyKey, Scenario::Idem, |_, _| Some(0.8)),
 ];
 
 impl Report {
@@ -522,6 +529,50 @@ impl Report {
                 println!("{line}");
             }
             println!("('!' marks a ratio below its goal)");
+        }
+
+        let busy: Vec<&CellResult> = self.cells.iter().filter(|c| !c.busy.is_empty()).collect();
+        if !busy.is_empty() {
+            println!();
+            println!(
+                "Busy key (busy-key): new keys measured while one other key is held by its body and duplicates of it arrive"
+            );
+            println!(
+                "{:>5} {:>5} {:>9} {:>7} {:>10} {:>10} {:>9} {:>12} {:>9}",
+                "c",
+                "round",
+                "msg/s",
+                "held s",
+                "measured s",
+                "duplicates",
+                "answered",
+                "in progress",
+                "settled s"
+            );
+            for cell in busy {
+                for (round, b) in cell.busy.iter().enumerate() {
+                    println!(
+                        "{:>5} {:>5} {:>9.0} {:>7.1} {:>10.1} {:>10} {:>9} {:>12} {:>9.1}{}",
+                        cell.concurrency,
+                        round + 1,
+                        cell.round_msgs_per_sec.get(round).copied().unwrap_or(0.0),
+                        b.held_secs,
+                        b.measured_secs,
+                        b.duplicates,
+                        b.duplicate_answers,
+                        b.in_progress_answers,
+                        b.settled_secs,
+                        b.first_error
+                            .as_ref()
+                            .map_or_else(String::new, |error| format!("  ERROR: {error}"))
+                    );
+                }
+            }
+            println!(
+                "(the pool has one connection more than the workers, the busy body's; answered: duplicates \
+                 answered `Duplicate` after the body committed; in progress: `InProgress` answers, each \
+                 delivered again; settled: seconds from the body's start to the last answer)"
+            );
         }
 
         if !self.duplicate_latency.is_empty() {

@@ -1,14 +1,20 @@
 //! The scenarios: the same business write (one row into `order_effects`) per message,
 //! bare, through the article's algorithm written by hand, and through `#[idempotent]`
-//! (per message, batched, in lease mode, with and without the Redis cache).
+//! (per message, batched, in lease mode, with and without the Redis cache, next to a busy
+//! key).
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use idem_runtime::key::KeyBuilder;
 use idem_runtime::lease::Lease;
-use idem_runtime::{Idem, Outcome, idempotent};
+use idem_runtime::{Error, Idem, Outcome, idempotent};
 use idem_suite::orders::{EventType, OrderEvent};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
 
 /// The business write of every scenario.
 pub(crate) const INSERT_EFFECT: &str =
@@ -68,6 +74,10 @@ pub enum Scenario {
     StormRedis,
     /// Duplicate storm with the cache pointed at a port where nothing listens.
     StormRedisDown,
+    /// New messages as in `Idem`, measured while one other key is held by a body that
+    /// takes `--busy-secs` (10 s) and `--busy-duplicates` (100) duplicates of that key are
+    /// delivered. `busy-key/idem` is the cost of the busy key to the other keys.
+    BusyKey,
 }
 
 /// How many times the storm scenarios deliver each message.
@@ -83,7 +93,7 @@ impl From<Scenario> for &'static str {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 17] = [
+    pub const ALL: [Scenario; 18] = [
         Scenario::Bare,
         Scenario::Article,
         Scenario::Idem,
@@ -101,6 +111,7 @@ impl Scenario {
         Scenario::IdemDupRedis,
         Scenario::StormRedis,
         Scenario::StormRedisDown,
+        Scenario::BusyKey,
     ];
 
     /// The scenarios this build can run (the Redis ones need the `redis` feature).
@@ -130,6 +141,7 @@ impl Scenario {
             Scenario::IdemDupRedis => "idem-dup-redis",
             Scenario::StormRedis => "storm-redis",
             Scenario::StormRedisDown => "storm-redis-down",
+            Scenario::BusyKey => "busy-key",
         }
     }
 
@@ -170,6 +182,9 @@ impl Scenario {
             Scenario::StormRedisDown => {
                 "#[idempotent] with the cache at a port where nothing listens, every message delivered 4 times"
             }
+            Scenario::BusyKey => {
+                "#[idempotent], new message, while one other key is held by a slow body and duplicates of it arrive"
+            }
         }
     }
 
@@ -200,6 +215,21 @@ impl Scenario {
                 | Scenario::StormRedis
                 | Scenario::StormRedisDown
         )
+    }
+
+    /// Connections of the cell's pool beyond one per worker: a `busy-key` cell's slow body
+    /// holds one of its own, so that the workers have as many as in an `idem` cell.
+    pub fn extra_connections(self) -> usize {
+        match self {
+            Scenario::BusyKey => 1,
+            _ => 0,
+        }
+    }
+
+    /// Has a round-trip probe: not `busy-key`, whose messages are `idem`'s (the busy key
+    /// needs a connection besides the probe's one).
+    pub fn probed(self) -> bool {
+        self != Scenario::BusyKey
     }
 
     /// Runs with `synchronous_commit=on` only (the setting's effect is measured on the
@@ -273,6 +303,36 @@ pub(crate) async fn apply_bulk(
 )]
 async fn notify(lease: &Lease, event: &OrderEvent) -> Result<(), std::io::Error> {
     std::hint::black_box((lease.token(), &event.order_id));
+    Ok(())
+}
+
+/// What the body of the busy key does in the running `busy-key` cell: how long it holds
+/// the key, and whom it tells when it starts. Taken by the first body run; a second run of
+/// the body (a duplicate that was executed) finds nothing and returns at once.
+static BUSY_BODY: Mutex<Option<(Duration, oneshot::Sender<Instant>)>> = Mutex::new(None);
+
+/// The busy key's handler: the business write, then the key (and its transaction and
+/// connection) held as long as the cell asked.
+#[idempotent(
+    key = "order_id, event_type",
+    scope = "bench_busy",
+    store_result = false
+)]
+async fn hold(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    sqlx::query(INSERT_EFFECT)
+        .bind(&event.order_id)
+        .bind("paid")
+        .bind(event.amount_cents)
+        .execute(&mut *tx)
+        .await?;
+    let armed = BUSY_BODY
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    if let Some((held, started)) = armed {
+        let _ = started.send(Instant::now());
+        tokio::time::sleep(held).await;
+    }
     Ok(())
 }
 
@@ -467,11 +527,11 @@ impl Cell {
             Scenario::Bare => bare(&self.pool, &event).await.map_err(|e| e.to_string())?,
             Scenario::Article => expect(article(&self.pool, &event).await?, true)?,
             Scenario::ArticleDup => expect(article(&self.pool, &event).await?, false)?,
-            Scenario::Idem | Scenario::IdemDup => {
+            Scenario::Idem | Scenario::IdemDup | Scenario::BusyKey => {
                 let outcome = apply(&self.idem, &event).await.map_err(|e| e.to_string())?;
                 expect(
                     matches!(outcome, Outcome::Executed(_)),
-                    self.scenario == Scenario::Idem,
+                    self.scenario != Scenario::IdemDup,
                 )?;
             }
             Scenario::IdemResult => {
@@ -482,6 +542,167 @@ impl Cell {
             }
         }
         Ok(1)
+    }
+}
+
+/// The busy key of a `busy-key` cell: its first delivery, whose body holds the key, and
+/// the duplicates of it delivered while the body runs.
+pub struct Busy {
+    /// When the body started to hold the key.
+    pub started: Instant,
+    /// When the body lets go of it.
+    pub until: Instant,
+    duplicates: usize,
+    tasks: JoinSet<Result<Delivery, String>>,
+}
+
+/// How one delivery of the busy key ended.
+enum Delivery {
+    /// The first delivery ran the body.
+    Executed,
+    /// A duplicate was answered `Duplicate`, after `in_progress` answers `InProgress`
+    /// (each delivered again).
+    Duplicate { in_progress: u64 },
+}
+
+/// What the busy key's deliveries did in one round of a `busy-key` cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct BusyRound {
+    /// Seconds the body held the key.
+    pub held_secs: f64,
+    /// Seconds the other keys were measured, all of them while the key was held.
+    pub measured_secs: f64,
+    /// Duplicates delivered while the body ran.
+    pub duplicates: usize,
+    /// `InProgress` answers to them (the key's turn not free within the lock timeout),
+    /// each followed by a new delivery.
+    pub in_progress_answers: u64,
+    /// Duplicates answered `Duplicate` once the body had committed.
+    pub duplicate_answers: u64,
+    /// Seconds from the body's start until the last delivery was answered.
+    pub settled_secs: f64,
+    pub errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_error: Option<String>,
+}
+
+impl Busy {
+    /// Waits for every delivery of the busy key; `measured_secs` is what the cell measured
+    /// meanwhile.
+    pub async fn finish(mut self, measured_secs: f64) -> BusyRound {
+        let mut round = BusyRound {
+            held_secs: 0.0,
+            measured_secs,
+            duplicates: self.duplicates,
+            in_progress_answers: 0,
+            duplicate_answers: 0,
+            settled_secs: 0.0,
+            errors: 0,
+            first_error: None,
+        };
+        let mut executed = 0;
+        while let Some(joined) = self.tasks.join_next().await {
+            match joined {
+                Ok(Ok(Delivery::Executed)) => {
+                    executed += 1;
+                    round.held_secs = self.started.elapsed().as_secs_f64();
+                }
+                Ok(Ok(Delivery::Duplicate { in_progress })) => {
+                    round.duplicate_answers += 1;
+                    round.in_progress_answers += in_progress;
+                }
+                Ok(Err(error)) => {
+                    round.errors += 1;
+                    round.first_error.get_or_insert(error);
+                }
+                Err(panicked) => {
+                    round.errors += 1;
+                    round.first_error.get_or_insert(panicked.to_string());
+                }
+            }
+        }
+        round.settled_secs = self.started.elapsed().as_secs_f64();
+        if executed != 1 {
+            round.errors += 1;
+            round
+                .first_error
+                .get_or_insert(format!("the busy key's body ran {executed} times"));
+        }
+        round
+    }
+}
+
+impl Cell {
+    /// Delivers the busy key, whose body holds it for `held`, and once the body runs,
+    /// `duplicates` duplicates of it at once; each duplicate answered `InProgress` is
+    /// delivered again after a short pause, as a consumer would.
+    pub async fn start_busy(&self, held: Duration, duplicates: usize) -> Result<Busy, String> {
+        let (started_tx, started_rx) = oneshot::channel();
+        *BUSY_BODY.lock().unwrap_or_else(PoisonError::into_inner) = Some((held, started_tx));
+        let busy = event(format!("{}-busy", self.tag));
+        let mut tasks = JoinSet::new();
+        {
+            let (idem, busy) = (self.idem.clone(), busy.clone());
+            tasks.spawn(async move {
+                match hold(&idem, &busy).await {
+                    Ok(Outcome::Executed(())) => Ok(Delivery::Executed),
+                    Ok(_) => Err("the busy key's first delivery was taken for a duplicate".into()),
+                    Err(error) => Err(format!("the busy key's first delivery: {error}")),
+                }
+            });
+        }
+        let started = tokio::select! {
+            biased;
+            started = started_rx => started.map_err(|_| "its body did not start".to_string()),
+            ended = tasks.join_next() => Err(match ended {
+                Some(Ok(Err(error))) => error,
+                _ => "its first delivery ended before its body started".into(),
+            }),
+            () = tokio::time::sleep(Duration::from_secs(60)) => {
+                Err("its body did not start within 60 s".into())
+            }
+        };
+        let started = match started {
+            Ok(started) => started,
+            Err(why) => {
+                BUSY_BODY
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                tasks.abort_all();
+                return Err(format!("busy key: {why}"));
+            }
+        };
+        let until = started + held;
+        // A duplicate still unanswered this long after the body ended is an error.
+        let give_up = until + Duration::from_secs(60);
+        for _ in 0..duplicates {
+            let (idem, busy) = (self.idem.clone(), busy.clone());
+            tasks.spawn(async move {
+                let mut in_progress = 0;
+                loop {
+                    match hold(&idem, &busy).await {
+                        Ok(Outcome::Duplicate(_)) => {
+                            return Ok(Delivery::Duplicate { in_progress });
+                        }
+                        Ok(_) => {
+                            return Err("a duplicate of the busy key ran its body again".into());
+                        }
+                        Err(Error::InProgress { .. }) if Instant::now() < give_up => {
+                            in_progress += 1;
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                        Err(error) => return Err(format!("a duplicate of the busy key: {error}")),
+                    }
+                }
+            });
+        }
+        Ok(Busy {
+            started,
+            until,
+            duplicates,
+            tasks,
+        })
     }
 }
 
