@@ -304,7 +304,7 @@ async fn no_statement_of_the_protocol_takes_a_client_timestamp(pool: PgPool) {
         "coalesce(lease_expires_at <= now(), false) AS expired",
         "SET status = 'parked', lease_expires_at = NULL",
         "SET lease_expires_at = now() + $4 * interval",
-        "SET status = 'success', result = $4, lease_expires_at = NULL",
+        "SET status = 'success', result = $4::text::json, lease_expires_at = NULL",
         "WHEN attempts >= $5 THEN 'parked' ELSE 'failed' END",
     ] {
         assert!(

@@ -734,14 +734,14 @@ fn check_lease_signature<'a>(
             None
         }
     };
-    if let Some(param) = first {
-        if !matches!(slice_message(param), Slice::No) {
-            errors.push(syn::Error::new_spanned(
-                &param.ty,
-                "a lease-mode handler takes one message: a slice of messages makes a batch handler, whose body runs in one database transaction for all of them; take `message: &Message`, or remove `mode = \"lease\"`",
-            ));
-            return None;
-        }
+    if let Some(param) = first
+        && !matches!(slice_message(param), Slice::No)
+    {
+        errors.push(syn::Error::new_spanned(
+            &param.ty,
+            "a lease-mode handler takes one message: a slice of messages makes a batch handler, whose body runs in one database transaction for all of them; take `message: &Message`, or remove `mode = \"lease\"`",
+        ));
+        return None;
     }
     Some(Handler {
         context: guard,

@@ -183,10 +183,10 @@ pub(crate) async fn remember(
     result: Option<&serde_json::Value>,
 ) {
     #[cfg(feature = "redis")]
-    if let Some((cache, ttl)) = idem.cache().active(policy) {
-        if let Some(instance) = cache.instance(idem).await {
-            cache.store(instance, ttl, scope, key, fingerprint, result);
-        }
+    if let Some((cache, ttl)) = idem.cache().active(policy)
+        && let Some(instance) = cache.instance(idem).await
+    {
+        cache.store(instance, ttl, scope, key, fingerprint, result);
     }
     #[cfg(not(feature = "redis"))]
     let _ = (idem.cache(), policy, scope, key, fingerprint, result);

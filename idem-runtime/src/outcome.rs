@@ -241,10 +241,10 @@ pub(crate) fn failure_text<E: HandlerError>(error: &E, texts: crate::config::Err
 pub(crate) fn error_kind(type_name: &str, error: &(dyn StdError + 'static)) -> String {
     let mut current = Some(error);
     while let Some(error) = current {
-        if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
-            if let Some(code) = db.code() {
-                return format!("{type_name} (SQLSTATE {code})");
-            }
+        if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>()
+            && let Some(code) = db.code()
+        {
+            return format!("{type_name} (SQLSTATE {code})");
         }
         current = error.source();
     }
@@ -270,10 +270,17 @@ fn full_chain(error: &(dyn StdError + 'static)) -> String {
     struct Chain<'a>(&'a (dyn StdError + 'static));
     impl fmt::Display for Chain<'_> {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            write!(f, "{}", self.0)?;
+            // A source whose text its error already shows (sqlx's database errors do)
+            // is written once.
+            let mut shown = self.0.to_string();
+            f.write_str(&shown)?;
             let mut source = self.0.source();
             while let Some(error) = source {
-                write!(f, ": {error}")?;
+                let text = error.to_string();
+                if !shown.ends_with(&text) {
+                    write!(f, ": {text}")?;
+                }
+                shown = text;
                 source = error.source();
             }
             Ok(())
@@ -287,12 +294,51 @@ fn full_chain(error: &(dyn StdError + 'static)) -> String {
 pub(crate) fn is_transient(error: &(dyn StdError + 'static)) -> bool {
     let mut current = Some(error);
     while let Some(error) = current {
-        if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
-            if matches!(db.code().as_deref(), Some("40001" | "40P01")) {
-                return true;
-            }
+        if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>()
+            && matches!(db.code().as_deref(), Some("40001" | "40P01"))
+        {
+            return true;
         }
         current = error.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::full_chain;
+    use std::{error::Error as StdError, fmt};
+
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl fmt::Display for Layer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl StdError for Layer {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            self.1.as_deref().map(|layer| layer as _)
+        }
+    }
+
+    #[test]
+    fn a_chain_shows_each_source_once() {
+        let chain = Layer(
+            "insert failed",
+            Some(Box::new(Layer("deadlock detected", None))),
+        );
+        assert_eq!(full_chain(&chain), "insert failed: deadlock detected");
+        // sqlx's database error shows its source's text itself.
+        let repeated = Layer(
+            "error returned from database: deadlock detected",
+            Some(Box::new(Layer("deadlock detected", None))),
+        );
+        assert_eq!(
+            full_chain(&repeated),
+            "error returned from database: deadlock detected"
+        );
+    }
 }
