@@ -206,6 +206,8 @@ pub mod privileges;
 pub mod scope;
 pub mod store;
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod transactional;
 
 pub use config::{Config, ConfigError, ErrorTexts};
