@@ -522,7 +522,7 @@ pub mod identifies {
     //! [`key_identifies_a_fact`] requires the result to be `Identifies`.
     //!
     //! ```ignore
-    //! use idem_runtime::__private::identifies::*;
+    //! use idem_runtime::__private_v0_1::identifies::*;
     //! key_identifies_a_fact(Or::or(
     //!     (&&&Probe(&event.order_id)).key_part_class(),
     //!     (&&&Probe(&event.created_at)).key_part_class(),
