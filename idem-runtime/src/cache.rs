@@ -662,7 +662,8 @@ mod with_redis {
                 );
                 return None;
             }
-            let mismatch = matches!((fingerprint, &entry.fingerprint), (Some(ours), Some(theirs)) if ours != theirs.as_slice());
+            let mismatch =
+                crate::key::fingerprints_differ(fingerprint, entry.fingerprint.as_deref());
             if mismatch {
                 // PostgreSQL answers with the payload mismatch.
                 bump(&self.counters.misses);

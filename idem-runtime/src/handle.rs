@@ -112,7 +112,12 @@ impl Idem {
     ) -> Result<(), crate::scope::Error> {
         self.inner
             .scopes
-            .check(self.pool(), &self.statements().scopes_table, spec, identity)
+            .check(
+                self.pool(),
+                &self.statements().register_scope,
+                spec,
+                identity,
+            )
             .await
     }
 
@@ -214,11 +219,7 @@ impl Idem {
     /// that declares its handler was renamed: the next handler that runs with the scope
     /// records its own crate. The scope's keys stay. Returns whether an owner was recorded.
     pub async fn release_scope(&self, scope: &str) -> Result<bool, sqlx::Error> {
-        let statement = format!(
-            "DELETE FROM {} WHERE scope = $1",
-            self.statements().scopes_table
-        );
-        let done = sqlx::query(&statement)
+        let done = sqlx::query(&self.statements().release_scope)
             .bind(scope)
             .execute(self.pool())
             .await?;

@@ -642,6 +642,12 @@ mod chrono_parts {
     impl SoleKeyPart for NaiveDate {}
 }
 
+/// Whether two payload fingerprints tell different payloads apart: both known and not
+/// equal. A side without a fingerprint (a handler that declares none) never differs.
+pub(crate) fn fingerprints_differ(ours: Option<&[u8]>, theirs: Option<&[u8]>) -> bool {
+    matches!((ours, theirs), (Some(ours), Some(theirs)) if ours != theirs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,7 +83,7 @@ impl Scopes {
     pub(crate) async fn check(
         &self,
         pool: &PgPool,
-        table: &str,
+        register: &str,
         spec: &HandlerSpec,
         identity: &'static str,
     ) -> Result<(), Error> {
@@ -96,7 +96,7 @@ impl Scopes {
         }
         check_name(spec.scope)?;
         let owner = (!spec.shared_scope).then(|| (owner_crate(spec, identity), identity));
-        record(pool, table, spec.scope, owner).await?;
+        record(pool, register, spec.scope, owner).await?;
         let mut seen = self
             .seen
             .lock()
@@ -179,23 +179,15 @@ fn check_name(scope: &str) -> Result<(), Error> {
 /// recorded, and compares.
 async fn record(
     pool: &PgPool,
-    table: &str,
+    register: &str,
     scope: &str,
     owner: Option<(&str, &str)>,
 ) -> Result<(), Error> {
-    let statement = format!(
-        "WITH inserted AS ( \
-            INSERT INTO {table} (scope, owner, handler, shared) VALUES ($1, $2, $3, $2 IS NULL) \
-            ON CONFLICT (scope) DO NOTHING RETURNING owner, handler, shared) \
-         SELECT owner, handler, shared FROM inserted \
-         UNION ALL \
-         SELECT owner, handler, shared FROM {table} WHERE scope = $1 AND NOT EXISTS (SELECT FROM inserted)"
-    );
     let (crate_name, handler) = owner.unzip();
     // A registration committed while this one waited is not in this statement's
     // snapshot: the second try sees it.
     for _ in 0..2 {
-        let row: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(&statement)
+        let row: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(register)
             .bind(scope)
             .bind(crate_name)
             .bind(handler)

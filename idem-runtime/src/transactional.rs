@@ -358,7 +358,7 @@ async fn claim(
 
 /// Whether the payload fingerprints of a delivery and of the key's row differ.
 pub(crate) fn mismatched(ours: Option<&[u8]>, existing: &Existing) -> bool {
-    matches!((ours, &existing.fingerprint), (Some(ours), Some(theirs)) if ours != theirs.as_slice())
+    crate::key::fingerprints_differ(ours, existing.fingerprint.as_deref())
 }
 
 pub(crate) fn decide<T, E, C: ResultCodec<T>>(
