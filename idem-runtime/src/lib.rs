@@ -193,6 +193,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admin;
 pub mod batch;
 pub mod cache;
 pub mod config;
@@ -203,6 +204,7 @@ pub mod key;
 pub mod lease;
 mod outcome;
 pub mod privileges;
+pub mod retention;
 pub mod scope;
 pub mod store;
 pub mod telemetry;
