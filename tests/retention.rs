@@ -95,7 +95,9 @@ fn snapshotter() -> &'static Snapshotter {
     SNAPSHOTTER.get_or_init(|| {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
-        recorder.install().expect("the only recorder of this binary");
+        recorder
+            .install()
+            .expect("the only recorder of this binary");
         snapshotter
     })
 }
@@ -129,7 +131,12 @@ async fn old_successes_are_deleted_in_batches_while_a_storm_of_deliveries_runs(p
     let inside = ids("inside", 50);
     let recent = ids("recent", 50);
     for id in old.iter().chain(&inside).chain(&recent) {
-        assert!(storm(&idem, &testing::paid(id, 1)).await.unwrap().is_executed());
+        assert!(
+            storm(&idem, &testing::paid(id, 1))
+                .await
+                .unwrap()
+                .is_executed()
+        );
     }
     age_keys(&pool, scope, &old, 8 * DAY).await;
     age_keys(&pool, scope, &inside, 6 * DAY).await;
@@ -137,11 +144,17 @@ async fn old_successes_are_deleted_in_batches_while_a_storm_of_deliveries_runs(p
     // A failed key and a parked key, both 30 days old.
     let failing = testing::paid("declined-failed", -1);
     let parking = testing::paid("declined-parked", -1);
-    assert!(matches!(decline(&idem, &failing).await, Err(Error::Handler { parked: false, .. })));
+    assert!(matches!(
+        decline(&idem, &failing).await,
+        Err(Error::Handler { parked: false, .. })
+    ));
     for _ in 0..2 {
         let _ = decline(&idem, &parking).await;
     }
-    assert_eq!(status(&idem, "retention::decline", "declined-parked").await, Some(Status::Parked));
+    assert_eq!(
+        status(&idem, "retention::decline", "declined-parked").await,
+        Some(Status::Parked)
+    );
     let declined = ["declined-failed".to_owned(), "declined-parked".to_owned()];
     age_keys(&pool, "retention::decline", &declined, 30 * DAY).await;
     let effects_before = testing::count_rows(&pool, "order_effects").await;
@@ -165,9 +178,19 @@ async fn old_successes_are_deleted_in_batches_while_a_storm_of_deliveries_runs(p
                 // The same message again, and duplicates of keys inside the window.
                 assert!(storm(&idem, &fresh).await.unwrap().is_duplicate());
                 let again = &inside[(round * 4 + worker) % inside.len()];
-                assert!(storm(&idem, &testing::paid(again, 1)).await.unwrap().is_duplicate());
+                assert!(
+                    storm(&idem, &testing::paid(again, 1))
+                        .await
+                        .unwrap()
+                        .is_duplicate()
+                );
                 let again = &recent[(round * 4 + worker) % recent.len()];
-                assert!(storm(&idem, &testing::paid(again, 1)).await.unwrap().is_duplicate());
+                assert!(
+                    storm(&idem, &testing::paid(again, 1))
+                        .await
+                        .unwrap()
+                        .is_duplicate()
+                );
                 round += 1;
                 deliveries += 4;
             }
@@ -188,8 +211,14 @@ async fn old_successes_are_deleted_in_batches_while_a_storm_of_deliveries_runs(p
 
     assert_eq!(report.deleted, 600, "{report:?}");
     assert_eq!(report.by_scope.get(scope), Some(&600));
-    assert!(report.batches >= 12, "600 keys in batches of 50: {report:?}");
-    assert!(report.finished && !report.locked_out && report.timeouts == 0, "{report:?}");
+    assert!(
+        report.batches >= 12,
+        "600 keys in batches of 50: {report:?}"
+    );
+    assert!(
+        report.finished && !report.locked_out && report.timeouts == 0,
+        "{report:?}"
+    );
     assert_eq!(deleted_metric(scope), 600);
 
     // Every old success is gone; recent, inside-the-window, failed and parked keys stay.
@@ -197,10 +226,20 @@ async fn old_successes_are_deleted_in_batches_while_a_storm_of_deliveries_runs(p
         assert_eq!(status(&idem, scope, id).await, None, "{id}");
     }
     for id in inside.iter().chain(&recent) {
-        assert_eq!(status(&idem, scope, id).await, Some(Status::Success), "{id}");
+        assert_eq!(
+            status(&idem, scope, id).await,
+            Some(Status::Success),
+            "{id}"
+        );
     }
-    assert_eq!(status(&idem, "retention::decline", "declined-failed").await, Some(Status::Failed));
-    assert_eq!(status(&idem, "retention::decline", "declined-parked").await, Some(Status::Parked));
+    assert_eq!(
+        status(&idem, "retention::decline", "declined-failed").await,
+        Some(Status::Failed)
+    );
+    assert_eq!(
+        status(&idem, "retention::decline", "declined-parked").await,
+        Some(Status::Parked)
+    );
     let new = new_executed.load(Ordering::Relaxed);
     assert_eq!(keys_of(&pool, scope).await, 100 + new as i64);
     // Business rows are never touched; each new message applied once, duplicates none.
@@ -211,8 +250,18 @@ async fn old_successes_are_deleted_in_batches_while_a_storm_of_deliveries_runs(p
 
     // After the cleanup: a duplicate inside the window is still skipped (the body does
     // not run), one after the window is a new message (the documented trade-off).
-    assert!(storm(&idem, &testing::paid(&inside[0], 1)).await.unwrap().is_duplicate());
-    assert!(storm(&idem, &testing::paid(&old[0], 1)).await.unwrap().is_executed());
+    assert!(
+        storm(&idem, &testing::paid(&inside[0], 1))
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+    assert!(
+        storm(&idem, &testing::paid(&old[0], 1))
+            .await
+            .unwrap()
+            .is_executed()
+    );
     assert_eq!(
         testing::count_rows(&pool, "order_effects").await,
         effects_before + new as i64 + 1
@@ -243,7 +292,11 @@ async fn a_scope_window_overrides_the_default(pool: PgPool) {
     let preview = idem.purge_dry_run(idem.config().retention()).await.unwrap();
     assert!(preview.dry_run);
     assert_eq!(preview.deleted, 3);
-    assert_eq!(keys_of(&pool, "retention::apply").await, 3, "a dry run deletes nothing");
+    assert_eq!(
+        keys_of(&pool, "retention::apply").await,
+        3,
+        "a dry run deletes nothing"
+    );
 
     let report = idem.purge().await.unwrap();
     assert_eq!(report.deleted, 3, "{report:?}");
@@ -284,7 +337,13 @@ async fn two_cleaners_at_once_do_not_both_run(pool: PgPool) {
     assert_eq!((second.deleted, second.batches), (0, 0));
 
     // A status table in another schema has a cleaner of its own.
-    let other = testing::setup_with(Idem::builder(pool.clone()).schema("other_idem").build().unwrap()).await;
+    let other = testing::setup_with(
+        Idem::builder(pool.clone())
+            .schema("other_idem")
+            .build()
+            .unwrap(),
+    )
+    .await;
     let beside = other.purge_with(&Retention::new(7 * DAY)).await.unwrap();
     assert!(!beside.locked_out, "{beside:?}");
 
@@ -349,7 +408,10 @@ async fn the_background_cleanup_runs_until_stopped(pool: PgPool) {
     let cleaner = idem.spawn_retention();
     let deadline = Instant::now() + Duration::from_secs(30);
     while keys_of(&pool, "retention::apply").await > 0 {
-        assert!(Instant::now() < deadline, "the background cleanup did not run");
+        assert!(
+            Instant::now() < deadline,
+            "the background cleanup did not run"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Keys that age later are deleted by a later run.
@@ -359,7 +421,10 @@ async fn the_background_cleanup_runs_until_stopped(pool: PgPool) {
     }
     age_keys(&pool, "retention::apply", &later, 8 * DAY).await;
     while keys_of(&pool, "retention::apply").await > 0 {
-        assert!(Instant::now() < deadline, "the background cleanup stopped early");
+        assert!(
+            Instant::now() < deadline,
+            "the background cleanup stopped early"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     cleaner.stop().await;

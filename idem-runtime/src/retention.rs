@@ -33,9 +33,10 @@
 //!    have their own lock;
 //! 2. deletes in batches of at most [`Retention::batch_size`] rows, each batch in its own
 //!    short transaction with `SET LOCAL statement_timeout`. The rows are picked with
-//!    `FOR UPDATE SKIP LOCKED` and deleted by primary key, so a cleaner never waits for a
-//!    row that a handler's transaction holds; a claim of a key whose deletion is in flight
-//!    waits at most for that one batch, then claims the key afresh;
+//!    `FOR UPDATE SKIP LOCKED` and deleted by their row addresses in the same statement
+//!    (a TID scan: no join against the table), so a cleaner never waits for a row that a
+//!    handler's transaction holds; a claim of a key whose deletion is in flight waits at
+//!    most for that one batch, then claims the key afresh;
 //! 3. halves the batch after a batch hits the statement timeout, and stops after a batch
 //!    of one timed out ([`PurgeReport::finished`] is then `false`);
 //! 4. stops when a batch deletes fewer rows than it asked for, or after
@@ -229,11 +230,11 @@ fn candidates(table: &str) -> String {
 fn batch_statement(table: &str) -> String {
     format!(
         "WITH doomed AS ( \
-            SELECT k.scope, k.key {} \
+            SELECT k.ctid {} \
             LIMIT $4 FOR UPDATE OF k SKIP LOCKED), \
          deleted AS ( \
-            DELETE FROM {table} AS k USING doomed AS d \
-            WHERE k.scope = d.scope AND k.key = d.key AND k.status = 'success' \
+            DELETE FROM {table} AS k \
+            WHERE k.ctid = ANY(ARRAY(SELECT ctid FROM doomed)) AND k.status = 'success' \
             RETURNING k.scope) \
          SELECT scope, count(*) FROM deleted GROUP BY scope",
         candidates(table)
