@@ -478,7 +478,7 @@ pub struct StatusCount {
 }
 
 /// The lease in progress that was taken longest ago.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
 #[non_exhaustive]
 pub struct OldestLease {
     /// Its scope.
@@ -517,14 +517,13 @@ pub async fn stats(idem: &Idem) -> Result<Stats, AdminError> {
     ))
     .fetch_all(idem.pool())
     .await?;
-    let oldest_lease: Option<(String, Uuid, DateTime<Utc>, Option<DateTime<Utc>>, bool)> =
-        sqlx::query_as(&format!(
-            "SELECT scope, key, updated_at, lease_expires_at, \
-                    coalesce(lease_expires_at <= now(), false) \
+    let oldest_lease: Option<OldestLease> = sqlx::query_as(&format!(
+        "SELECT scope, key, updated_at AS since, lease_expires_at AS expires_at, \
+                    coalesce(lease_expires_at <= now(), false) AS expired \
              FROM {table} WHERE status = 'processing' ORDER BY updated_at LIMIT 1"
-        ))
-        .fetch_optional(idem.pool())
-        .await?;
+    ))
+    .fetch_optional(idem.pool())
+    .await?;
     let table_bytes: i64 = sqlx::query_scalar("SELECT pg_total_relation_size($1::regclass)")
         .bind(table)
         .fetch_one(idem.pool())
@@ -541,13 +540,7 @@ pub async fn stats(idem: &Idem) -> Result<Stats, AdminError> {
     Ok(Stats {
         total: counts.iter().map(|count| count.count).sum(),
         counts,
-        oldest_lease: oldest_lease.map(|(scope, key, since, expires_at, expired)| OldestLease {
-            scope,
-            key,
-            since,
-            expires_at,
-            expired,
-        }),
+        oldest_lease,
         table_bytes,
     })
 }
