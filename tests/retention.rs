@@ -438,3 +438,132 @@ async fn the_background_cleanup_runs_until_stopped(pool: PgPool) {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(keys_of(&pool, "retention::apply").await, 3);
 }
+
+/// Deliveries of new keys per second from `workers` tasks, until `stop` is set or `limit`
+/// has passed; also returns how long they ran.
+async fn claim_rate(
+    idem: &Idem,
+    workers: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    limit: Duration,
+    tag: &str,
+) -> (f64, Duration) {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for worker in 0..workers {
+        let (idem, tag, stop) = (idem.clone(), tag.to_owned(), stop.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0u64;
+            while started.elapsed() < limit && !stop.load(Ordering::Relaxed) {
+                let event = testing::paid(&format!("{tag}-{worker}-{done}"), 1);
+                assert!(storm(&idem, &event).await.unwrap().is_executed());
+                done += 1;
+            }
+            done
+        }));
+    }
+    let mut done = 0;
+    for task in tasks {
+        done += task.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    (done as f64 / elapsed.as_secs_f64(), elapsed)
+}
+
+/// The cost of the cleanup on the claim path: deliveries of new keys per second from four
+/// workers while a cleaner deletes a backlog of old keys (batches of 5,000, the default),
+/// then for as long again without it, in two rounds. Prints the ratio.
+///
+/// ```text
+/// cargo test -p idem-suite --test retention -- --ignored --nocapture cleanup_cost
+/// ```
+///
+/// `IDEM_CLEANUP_BENCH_BACKLOG` (default 300000) sets the old keys of each round,
+/// `IDEM_CLEANUP_BENCH_PAUSE_MS` (default 0) a pause between the cleaner's batches.
+#[sqlx::test(migrations = false)]
+#[ignore = "a measurement: run it on purpose"]
+async fn cleanup_cost_on_the_claim_path(pool: PgPool) {
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(default)
+    };
+    let backlog = env("IDEM_CLEANUP_BENCH_BACKLOG", 300_000) as i64;
+    let retention =
+        Retention::default().pause(Duration::from_millis(env("IDEM_CLEANUP_BENCH_PAUSE_MS", 0)));
+    let workers = 4;
+    let idem = testing::setup(&pool).await;
+    // Warm-up: handler registration, plans, the pool's connections.
+    let never = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    claim_rate(
+        &idem,
+        workers,
+        never.clone(),
+        Duration::from_secs(1),
+        "warm",
+    )
+    .await;
+    let (mut alone, mut cleaning, mut deleted, mut cleaning_secs) =
+        (Vec::new(), Vec::new(), 0, 0.0);
+    for round in 0..2 {
+        // The backlog: old successes of another scope, written directly.
+        sqlx::query(
+            "INSERT INTO idem.idem_keys (scope, key, status, attempts, created_at, updated_at) \
+             SELECT 'retention::backlog', gen_random_uuid(), 'success', 1, \
+                    now() - interval '30 days', now() - interval '30 days' \
+             FROM generate_series(1, $1)",
+        )
+        .bind(backlog)
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query("VACUUM ANALYZE idem.idem_keys")
+            .execute(&pool)
+            .await
+            .unwrap();
+
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cleaner = {
+            let (idem, retention, done) = (idem.clone(), retention.clone(), done.clone());
+            tokio::spawn(async move {
+                let report = idem.purge_with(&retention).await.unwrap();
+                done.store(true, Ordering::Relaxed);
+                report
+            })
+        };
+        let (rate, took) = claim_rate(
+            &idem,
+            workers,
+            done,
+            Duration::from_secs(600),
+            &format!("cleaning-{round}"),
+        )
+        .await;
+        let report = cleaner.await.unwrap();
+        assert!(
+            report.finished && report.deleted == backlog as u64,
+            "{report:?}"
+        );
+        cleaning.push(rate);
+        deleted += report.deleted;
+        cleaning_secs += took.as_secs_f64();
+        // As long again, without a cleaner.
+        let (rate, _) = claim_rate(
+            &idem,
+            workers,
+            never.clone(),
+            took,
+            &format!("alone-{round}"),
+        )
+        .await;
+        alone.push(rate);
+    }
+    let mean = |rates: &[f64]| rates.iter().sum::<f64>() / rates.len() as f64;
+    println!(
+        "claim path, {workers} workers: alone {alone:.0?}/s, while a cleaner deletes {cleaning:.0?}/s; \
+         ratio {:.2}; the cleaner deleted {deleted} keys in {cleaning_secs:.1} s ({:.0}/s)",
+        mean(&cleaning) / mean(&alone),
+        deleted as f64 / cleaning_secs
+    );
+}
