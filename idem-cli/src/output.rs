@@ -52,7 +52,7 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 fn time(at: &chrono::DateTime<chrono::Utc>) -> String {
-    at.format("%Y-%m-%d %H:%M:%S").to_string()
+    at.format("%Y-%m-%d %H:%M:%SZ").to_string()
 }
 
 /// A size in bytes, in the largest unit that keeps it above 1.
