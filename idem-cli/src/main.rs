@@ -288,6 +288,9 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
+    // A schema name that is not a plain identifier is refused before connecting.
+    idem_runtime::config::Identifier::new(&cli.schema)
+        .map_err(|error| Failure::usage(error.to_string()))?;
     let options = connect::options(cli.database_url.as_deref())?;
     let pool = connect::pool(options, cli.database_url.as_deref()).await?;
     let idem = Idem::builder(pool)

@@ -47,6 +47,13 @@
 //! to the planner. No index on `status` or `updated_at` is needed; one would cost every
 //! status change its HOT update.
 //!
+//! The cleanup holds one connection of the handle's pool while it runs, and closes it
+//! afterwards (the advisory lock belongs to the session). Its role needs `DELETE` on the
+//! status table, which [`consumer_grants`](crate::privileges::consumer_grants) does not
+//! give: run it under the role that owns the schema (`idem purge`), or grant it
+//! (`GRANT DELETE ON idem.idem_keys TO ...`) to the consumers that start the background
+//! task.
+//!
 //! Each batch adds its deletions to the counter `idem_retention_deleted_total` (label
 //! `scope`), see [`telemetry`](crate::telemetry).
 //!
