@@ -31,6 +31,12 @@ async fn audit(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::E
     testing::insert_effect(tx, event).await
 }
 
+/// Keeps its keys 30 days, whatever the cleaner's default.
+#[idempotent(key = "order_id", scope = "retention::declared", retention = "30d")]
+async fn declared(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
+    testing::insert_effect(tx, event).await
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("declined")]
 struct Declined;
@@ -307,6 +313,70 @@ async fn a_scope_window_overrides_the_default(pool: PgPool) {
     let short = Retention::new(7 * DAY).scope_window("retention::audit", 5 * DAY);
     assert_eq!(idem.purge_with(&short).await.unwrap().deleted, 3);
     assert_eq!(keys_of(&pool, "retention::audit").await, 0);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_window_declared_by_the_handler_is_recorded_and_applied_by_every_cleaner(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    let keys = ids("declared", 4);
+    for id in &keys {
+        assert!(
+            declared(&idem, &testing::paid(id, 1))
+                .await
+                .unwrap()
+                .is_executed()
+        );
+    }
+    let recorded: Option<i64> = sqlx::query_scalar(
+        "SELECT retention_ms FROM idem.idem_scopes WHERE scope = 'retention::declared'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(recorded, Some(30 * 24 * 3600 * 1000));
+    age_keys(&pool, "retention::declared", &keys[..2], 31 * DAY).await;
+    age_keys(&pool, "retention::declared", &keys[2..], 10 * DAY).await;
+
+    // A cleaner in a handle where the handler never ran (another process, or the CLI)
+    // still keeps the 10-day-old keys that its own default of 7 days would delete.
+    let elsewhere = Idem::new(pool.clone());
+    let report = elsewhere.purge().await.unwrap();
+    assert_eq!(report.deleted, 2, "{report:?}");
+    assert_eq!(keys_of(&pool, "retention::declared").await, 2);
+    for id in &keys[2..] {
+        assert!(
+            declared(&idem, &testing::paid(id, 1))
+                .await
+                .unwrap()
+                .is_duplicate()
+        );
+    }
+    // The cleaner's own window for the scope comes first.
+    let operator = Retention::new(7 * DAY).scope_window("retention::declared", 9 * DAY);
+    assert_eq!(elsewhere.purge_with(&operator).await.unwrap().deleted, 2);
+
+    // A handler whose window is removed records that too: the default applies again.
+    apply(&idem, &testing::paid("before-change", 1))
+        .await
+        .unwrap();
+    let changed = sqlx::query(
+        "UPDATE idem.idem_scopes SET retention_ms = 1 WHERE scope = 'retention::apply'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(changed.rows_affected(), 1);
+    let fresh = Idem::new(pool.clone());
+    apply(&fresh, &testing::paid("after-change", 1))
+        .await
+        .unwrap();
+    let recorded: Option<i64> = sqlx::query_scalar(
+        "SELECT retention_ms FROM idem.idem_scopes WHERE scope = 'retention::apply'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(recorded, None);
 }
 
 #[sqlx::test(migrations = false)]

@@ -19,8 +19,13 @@
 //! - `failed` and `parked` keys are never deleted by retention: they wait for the next
 //!   delivery or for an operator (`idem keys retry`, `idem keys release`, or
 //!   [`Idem::reset`](crate::Idem::reset)); `processing` leases are kept too;
-//! - a scope may have a window of its own ([`Retention::scope_window`]), longer or shorter
-//!   than the default.
+//! - a scope may have a window of its own, longer or shorter than the default: declared by
+//!   its handler (`#[idempotent(retention = "90d")]`, [`HandlerSpec::retention`]), which
+//!   records it with the scope in the database when the handler first runs, so that every
+//!   cleaner and `idem purge` apply it; or set by whoever runs the cleanup
+//!   ([`Retention::scope_window`], `idem purge --scope-window`), which comes first.
+//!
+//! [`HandlerSpec::retention`]: crate::handler::HandlerSpec::retention
 //!
 //! # How the cleanup runs
 //!
@@ -221,20 +226,25 @@ pub struct PurgeReport {
 }
 
 /// The SQL of the cleanup of one status table.
-fn candidates(table: &str) -> String {
-    // `$1` the default window in ms, `$2`/`$3` the scopes with their own window.
+fn candidates(table: &str, scopes: &str) -> String {
+    // `$1` the default window in ms, `$2`/`$3` the scopes with their own window in the
+    // settings; then the window a scope's handler declared; then the default.
     format!(
         "FROM {table} AS k \
          LEFT JOIN (SELECT * FROM unnest($2::text[], $3::bigint[]) AS o(scope, window_ms)) AS o \
            ON o.scope = k.scope \
+         LEFT JOIN {scopes} AS s ON s.scope = k.scope \
          WHERE k.status = 'success' \
-           AND k.created_at < now() - (SELECT least($1::bigint, min(w)) FROM unnest($3::bigint[]) AS w) \
-                                      * interval '1 millisecond' \
-           AND k.updated_at < now() - coalesce(o.window_ms, $1::bigint) * interval '1 millisecond'"
+           AND k.created_at < now() - least( \
+                 $1::bigint, \
+                 (SELECT min(w) FROM unnest($3::bigint[]) AS w), \
+                 (SELECT min(retention_ms) FROM {scopes})) * interval '1 millisecond' \
+           AND k.updated_at < now() - coalesce(o.window_ms, s.retention_ms, $1::bigint) \
+                                      * interval '1 millisecond'"
     )
 }
 
-fn batch_statement(table: &str) -> String {
+fn batch_statement(table: &str, scopes: &str) -> String {
     format!(
         "WITH doomed AS ( \
             SELECT k.ctid {} \
@@ -244,14 +254,14 @@ fn batch_statement(table: &str) -> String {
             WHERE k.ctid = ANY(ARRAY(SELECT ctid FROM doomed)) AND k.status = 'success' \
             RETURNING k.scope) \
          SELECT scope, count(*) FROM deleted GROUP BY scope",
-        candidates(table)
+        candidates(table, scopes)
     )
 }
 
-fn count_statement(table: &str) -> String {
+fn count_statement(table: &str, scopes: &str) -> String {
     format!(
         "SELECT k.scope, count(*) {} GROUP BY k.scope",
-        candidates(table)
+        candidates(table, scopes)
     )
 }
 
@@ -316,7 +326,8 @@ async fn run_batches(
     conn: &mut PoolConnection<Postgres>,
     report: &mut PurgeReport,
 ) -> Result<(), sqlx::Error> {
-    let statement = batch_statement(&idem.statements().table);
+    let statements = idem.statements();
+    let statement = batch_statement(&statements.table, &statements.scopes_table);
     let begin = format!(
         "BEGIN; SET LOCAL statement_timeout = '{}ms'",
         millis(retention.statement_timeout)
@@ -381,12 +392,15 @@ pub(crate) async fn dry_run(
 ) -> Result<PurgeReport, sqlx::Error> {
     let started = Instant::now();
     let (window, scopes, windows) = windows(retention);
-    let rows: Vec<(String, i64)> = sqlx::query_as(&count_statement(&idem.statements().table))
-        .bind(window)
-        .bind(&scopes)
-        .bind(&windows)
-        .fetch_all(idem.pool())
-        .await?;
+    let rows: Vec<(String, i64)> = sqlx::query_as(&count_statement(
+        &idem.statements().table,
+        &idem.statements().scopes_table,
+    ))
+    .bind(window)
+    .bind(&scopes)
+    .bind(&windows)
+    .fetch_all(idem.pool())
+    .await?;
     let mut report = PurgeReport {
         dry_run: true,
         finished: true,

@@ -96,7 +96,10 @@ impl Scopes {
         }
         check_name(spec.scope)?;
         let owner = (!spec.shared_scope).then(|| (owner_crate(spec, identity), identity));
-        record(pool, table, spec.scope, owner).await?;
+        let retention = spec
+            .retention
+            .map(|window| i64::try_from(window.as_millis()).unwrap_or(i64::MAX).max(1));
+        record(pool, table, spec.scope, owner, retention).await?;
         let mut seen = self
             .seen
             .lock()
@@ -175,37 +178,45 @@ fn check_name(scope: &str) -> Result<(), Error> {
     ))
 }
 
+/// A scope's row: its owner crate and handler, whether it is shared, its retention window.
+type Recorded = (Option<String>, Option<String>, bool, Option<i64>);
+
 /// Records the scope's owner, its crate and handler (`None`: shared), unless one is
-/// recorded, and compares.
+/// recorded, and compares. Records the handler's retention window (milliseconds, `None`:
+/// the cleanup's default) when it differs from the recorded one.
 async fn record(
     pool: &PgPool,
     table: &str,
     scope: &str,
     owner: Option<(&str, &str)>,
+    retention: Option<i64>,
 ) -> Result<(), Error> {
     let statement = format!(
         "WITH inserted AS ( \
-            INSERT INTO {table} (scope, owner, handler, shared) VALUES ($1, $2, $3, $2 IS NULL) \
-            ON CONFLICT (scope) DO NOTHING RETURNING owner, handler, shared) \
-         SELECT owner, handler, shared FROM inserted \
+            INSERT INTO {table} (scope, owner, handler, shared, retention_ms) \
+            VALUES ($1, $2, $3, $2 IS NULL, $4) \
+            ON CONFLICT (scope) DO NOTHING RETURNING owner, handler, shared, retention_ms) \
+         SELECT owner, handler, shared, retention_ms FROM inserted \
          UNION ALL \
-         SELECT owner, handler, shared FROM {table} WHERE scope = $1 AND NOT EXISTS (SELECT FROM inserted)"
+         SELECT owner, handler, shared, retention_ms FROM {table} \
+         WHERE scope = $1 AND NOT EXISTS (SELECT FROM inserted)"
     );
     let (crate_name, handler) = owner.unzip();
     // A registration committed while this one waited is not in this statement's
     // snapshot: the second try sees it.
     for _ in 0..2 {
-        let row: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(&statement)
+        let row: Option<Recorded> = sqlx::query_as(&statement)
             .bind(scope)
             .bind(crate_name)
             .bind(handler)
+            .bind(retention)
             .fetch_optional(pool)
             .await
             .map_err(Error::Database)?;
-        let Some((recorded, recorded_handler, shared)) = row else {
+        let Some((recorded, recorded_handler, shared, recorded_retention)) = row else {
             continue;
         };
-        return match (owner, recorded.as_deref(), shared) {
+        let verdict = match (owner, recorded.as_deref(), shared) {
             (None, _, true) => Ok(()),
             (Some((ours, our_handler)), Some(theirs), false) if ours == theirs => {
                 match recorded_handler.as_deref() {
@@ -239,6 +250,20 @@ async fn record(
             )),
             (None, None, false) => Ok(()),
         };
+        if verdict.is_ok() && recorded_retention != retention {
+            // The handler's window changed (or a handler sharing the scope declares
+            // another): the last handler to start records its own.
+            sqlx::query(&format!(
+                "UPDATE {table} SET retention_ms = $2 WHERE scope = $1 \
+                 AND retention_ms IS DISTINCT FROM $2"
+            ))
+            .bind(scope)
+            .bind(retention)
+            .execute(pool)
+            .await
+            .map_err(Error::Database)?;
+        }
+        return verdict;
     }
     Err(Error::Database(sqlx::Error::RowNotFound))
 }
