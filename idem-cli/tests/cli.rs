@@ -742,3 +742,35 @@ async fn bad_urls_and_unreachable_databases_have_their_exit_codes_and_never_show
     assert_eq!(output.status.code(), Some(4));
     assert!(!String::from_utf8_lossy(&output.stderr).contains(secret));
 }
+
+#[sqlx::test(migrations = false)]
+async fn sslmode_in_the_url_connects_over_tls(pool: PgPool) {
+    let _idem = setup(&pool).await;
+    let ssl: String = sqlx::query_scalar("SHOW ssl")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let plain = url(&pool, None);
+    let require = idem(&format!("{plain}?sslmode=require"), &["stats", "--json"]);
+    let verify = idem(&format!("{plain}?sslmode=verify-full"), &["stats"]);
+    if ssl == "on" {
+        // Encrypted without checking the certificate; checked against the webpki roots,
+        // the server's own certificate is refused.
+        assert_eq!(require.code, 0, "{}", require.stderr);
+        assert_eq!(require.json()["total"], 7);
+        assert_eq!(verify.code, 4, "{}", verify.stderr);
+        assert!(verify.stderr.contains("certificate"), "{}", verify.stderr);
+    } else {
+        // The server has no TLS: the client asked for it (it is built with TLS support).
+        for run in [&require, &verify] {
+            assert_eq!(run.code, 4, "{}", run.stderr);
+            assert!(run.stderr.contains("TLS"), "{}", run.stderr);
+            assert!(
+                !run.stderr.contains("without TLS support"),
+                "{}",
+                run.stderr
+            );
+        }
+    }
+    ok(idem(&format!("{plain}?sslmode=disable"), &["stats"]));
+}

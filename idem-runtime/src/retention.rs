@@ -59,6 +59,15 @@
 //! (`GRANT DELETE ON idem.idem_keys TO ...`) to the consumers that start the background
 //! task.
 //!
+//! **What it costs the claim path**, measured on a 2-core machine shared with PostgreSQL
+//! (the ignored test `cleanup_cost_on_the_claim_path` of the repository's
+//! `tests/retention.rs`): four workers delivering new messages ran at 0.73x their rate
+//! while a cleaner deleted a backlog at full speed (about 120,000 keys a second), and at
+//! their full rate (within noise) while it deleted 4,800 keys a second with a pause of 1 s
+//! between batches. A cleaner that keeps up with steady traffic only deletes what arrives
+//! (at 500 keys a second, a batch of 5,000 every 10 s); a large backlog is better cleared
+//! with a [`pause`](Retention::pause).
+//!
 //! Each batch adds its deletions to the counter `idem_retention_deleted_total` (label
 //! `scope`), see [`telemetry`](crate::telemetry).
 //!
@@ -140,8 +149,9 @@ impl Retention {
         }
     }
 
-    /// The window of `scope`'s keys instead of the default one: longer for a scope whose
-    /// messages can be replayed for longer, shorter for a busy scope.
+    /// The window of `scope`'s keys instead of the default one (and instead of the one its
+    /// handler declares): longer for a scope whose messages can be replayed for longer,
+    /// shorter for a busy scope.
     pub fn scope_window(mut self, scope: impl Into<String>, window: Duration) -> Self {
         self.scopes.insert(scope.into(), window);
         self
@@ -184,7 +194,8 @@ impl Retention {
         self.window
     }
 
-    /// The window of `scope`: its own, or the default.
+    /// The window of `scope` in these settings: its own, or the default. (A window that
+    /// the scope's handler declares is read from the database by the cleanup, after these.)
     pub fn window_of(&self, scope: &str) -> Duration {
         self.scopes.get(scope).copied().unwrap_or(self.window)
     }
