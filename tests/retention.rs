@@ -59,7 +59,7 @@ fn key_of(order_id: &str) -> IdempotencyKey {
         .finish()
 }
 
-/// Moves the keys of `scope` whose order id starts with `prefix` `age` into the past.
+/// Moves the keys of `order_ids` in `scope` `age` into the past (created and last changed).
 async fn age_keys(pool: &PgPool, scope: &str, order_ids: &[String], age: Duration) {
     let keys: Vec<uuid::Uuid> = order_ids.iter().map(|id| key_of(id).as_uuid()).collect();
     let aged = sqlx::query(

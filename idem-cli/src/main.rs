@@ -18,7 +18,8 @@
 //! Exit codes: 0 done; 1 another error; 2 bad arguments; 3 a bad database URL; 4 the
 //! database cannot be reached; 5 the schema is missing or has pending migrations (also
 //! `migrate status` with pending migrations); 6 an unknown key; 7 a key whose status does
-//! not allow the change.
+//! not allow the change. With `--json`, an error is one JSON object on stderr
+//! (`{"error": "...", "kind": "unknown_key"}`).
 
 mod connect;
 mod output;
