@@ -252,16 +252,24 @@ async fn record(
         };
         if verdict.is_ok() && recorded_retention != retention {
             // The handler's window changed (or a handler sharing the scope declares
-            // another): the last handler to start records its own.
-            sqlx::query(&format!(
+            // another): the last handler to start records its own. A role without the
+            // privilege (grants older than `retention_ms`) still handles its messages.
+            let updated = sqlx::query(&format!(
                 "UPDATE {table} SET retention_ms = $2 WHERE scope = $1 \
                  AND retention_ms IS DISTINCT FROM $2"
             ))
             .bind(scope)
             .bind(retention)
             .execute(pool)
-            .await
-            .map_err(Error::Database)?;
+            .await;
+            if let Err(error) = updated {
+                tracing::warn!(
+                    scope,
+                    %error,
+                    "idem: the retention window of the scope could not be recorded; cleaners go on with the recorded one ({:?} ms)",
+                    recorded_retention
+                );
+            }
         }
         return verdict;
     }
