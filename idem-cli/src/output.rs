@@ -71,6 +71,21 @@ fn size(bytes: i64) -> String {
     }
 }
 
+/// Milliseconds in the largest unit that divides them: `30d`, `36h`, `90s`, `1500ms`.
+fn duration(millis: i64) -> String {
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if millis % size == 0 {
+            return format!("{}{unit}", millis / size);
+        }
+    }
+    format!("{millis}ms")
+}
+
 /// An error text on one line, at most `max` characters.
 fn short(text: &str, max: usize) -> String {
     let line: String = text
@@ -284,5 +299,12 @@ impl Output {
             None => outln!("oldest lease in progress: none"),
         }
         outln!("table size: {}", size(stats.table_bytes));
+        for window in &stats.windows {
+            outln!(
+                "retention of {}: {} (declared by its handler)",
+                window.scope,
+                duration(window.retention_ms)
+            );
+        }
     }
 }

@@ -589,7 +589,20 @@ async fn purge_and_stats_report_the_status_table(pool: PgPool) {
     );
     assert!(stats["table_bytes"].as_i64().unwrap() > 0);
     assert!(stats["oldest_lease"].is_null());
+    assert_eq!(stats["windows"], serde_json::json!([]));
+    // A window declared by a handler (as `retention = "30d"` records it).
+    sqlx::query("UPDATE idem.idem_scopes SET retention_ms = 2592000000 WHERE scope = 'cli::ship'")
+        .execute(&pool)
+        .await
+        .unwrap();
     let human = ok(idem(&url, &["stats"]));
+    assert!(
+        human
+            .stdout
+            .contains("retention of cli::ship: 30d (declared by its handler)\n"),
+        "{}",
+        human.stdout
+    );
     assert!(
         human
             .stdout
@@ -600,6 +613,15 @@ async fn purge_and_stats_report_the_status_table(pool: PgPool) {
     assert!(human.stdout.contains("total keys: 7\n"), "{}", human.stdout);
     assert!(human.stdout.contains("table size: "), "{}", human.stdout);
 
+    let kept = ok(idem(&url, &["purge", "--dry-run", "--json"])).json();
+    assert_eq!(
+        kept["deleted"], 0,
+        "the handler's 30 days keep them: {kept}"
+    );
+    sqlx::query("UPDATE idem.idem_scopes SET retention_ms = NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
     let dry = ok(idem(&url, &["purge", "--dry-run", "--json"])).json();
     assert_eq!(
         (dry["dry_run"].as_bool(), dry["deleted"].as_u64()),

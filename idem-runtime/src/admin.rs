@@ -493,6 +493,16 @@ pub struct OldestLease {
     pub expired: bool,
 }
 
+/// A retention window that a scope's handler declares (`retention = "..."`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[non_exhaustive]
+pub struct ScopeWindow {
+    /// The scope.
+    pub scope: String,
+    /// The window, in milliseconds.
+    pub retention_ms: i64,
+}
+
 /// An overview of the status table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -505,10 +515,12 @@ pub struct Stats {
     pub oldest_lease: Option<OldestLease>,
     /// The table's size on disk with its indexes and TOAST, in bytes.
     pub table_bytes: i64,
+    /// The scopes whose handlers declare a retention window of their own.
+    pub windows: Vec<ScopeWindow>,
 }
 
 /// Counts keys per scope and status (a full scan of the status table), finds the oldest
-/// lease in progress and the table's size.
+/// lease in progress, the table's size and the retention windows handlers declare.
 pub async fn stats(idem: &Idem) -> Result<Stats, AdminError> {
     let table = &idem.statements().table;
     let counts: Vec<(String, String, i64, DateTime<Utc>)> = sqlx::query_as(&format!(
@@ -528,6 +540,12 @@ pub async fn stats(idem: &Idem) -> Result<Stats, AdminError> {
         .bind(table)
         .fetch_one(idem.pool())
         .await?;
+    let windows: Vec<ScopeWindow> = sqlx::query_as(&format!(
+        "SELECT scope, retention_ms FROM {} WHERE retention_ms IS NOT NULL ORDER BY scope",
+        idem.statements().scopes_table
+    ))
+    .fetch_all(idem.pool())
+    .await?;
     let counts: Vec<StatusCount> = counts
         .into_iter()
         .map(|(scope, status, count, oldest)| StatusCount {
@@ -542,6 +560,7 @@ pub async fn stats(idem: &Idem) -> Result<Stats, AdminError> {
         counts,
         oldest_lease,
         table_bytes,
+        windows,
     })
 }
 
