@@ -83,6 +83,9 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             quote_spanned!(span=> .cache(#private::handler_cache(#private::CacheTtlMillis(#millis))))
         }
     });
+    let retention = args.retention.as_ref().map(|(millis, literal)| {
+        quote_spanned!(literal.span()=> .retention(::core::time::Duration::from_millis(#millis)))
+    });
     let lease = (mode == Mode::Lease).then(|| {
         let lease_millis = args.lease_millis();
         quote!(.lease(::core::time::Duration::from_millis(#lease_millis)))
@@ -96,6 +99,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             #shared_scope
             #max_attempts
             #cache_policy
+            #retention
             #lease;
     };
     if let Some(element) = handler.batch_of {

@@ -7,7 +7,7 @@ use syn::parse::ParseStream;
 use syn::{Ident, LitBool, LitInt, LitStr, Member, Path, Token};
 
 /// Every argument the attribute accepts, for the "unknown argument" message.
-const VALID: &str = "`key`, `scope`, `shared_scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `crate`";
+const VALID: &str = "`key`, `scope`, `shared_scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `retention`, `crate`";
 
 /// How a handler's key is held while its body runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +71,8 @@ pub struct Args {
     pub cache: Option<LitBool>,
     /// `cache_ttl = "30m"`: the TTL of this handler's Redis cache entries, in milliseconds.
     pub cache_ttl: Option<(u64, LitStr)>,
+    /// `retention = "30d"`: how long the handler's `success` keys are kept, in milliseconds.
+    pub retention: Option<(u64, LitStr)>,
     /// Errors found so far; they are all reported together.
     pub errors: Vec<syn::Error>,
 }
@@ -215,6 +217,22 @@ impl Args {
                 };
                 set(
                     &mut self.cache_ttl,
+                    (millis, literal),
+                    span,
+                    &name,
+                    &mut self.errors,
+                );
+            }
+            "retention" => {
+                let literal: LitStr = meta.value()?.parse()?;
+                let Some(millis) = parse_duration_millis(&literal.value()) else {
+                    return Err(syn::Error::new(
+                        literal.span(),
+                        "`retention` must be a duration such as \"36h\", \"7d\" or \"90d\", greater than zero: how long the handler's `success` keys are kept",
+                    ));
+                };
+                set(
+                    &mut self.retention,
                     (millis, literal),
                     span,
                     &name,
@@ -798,7 +816,7 @@ fn set<T>(slot: &mut Option<T>, value: T, span: Span, name: &str, errors: &mut V
     }
 }
 
-/// `"500ms"`, `"30s"`, `"5m"`, `"1h"` as milliseconds; `None` if malformed or zero.
+/// `"500ms"`, `"30s"`, `"5m"`, `"1h"`, `"7d"` as milliseconds; `None` if malformed or zero.
 fn parse_duration_millis(text: &str) -> Option<u64> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit())?;
@@ -808,6 +826,7 @@ fn parse_duration_millis(text: &str) -> Option<u64> {
         "s" => 1_000,
         "m" => 60_000,
         "h" => 3_600_000,
+        "d" => 86_400_000,
         _ => return None,
     };
     number

@@ -171,6 +171,7 @@
 //! | `mode = "lease"`, `lease = "30s"` | lease mode, for effects outside the database: see [`lease`] |
 //! | `batch = true` | also generate `<handler>_batch` over a slice of messages, running the body once per new message: see [`batch`]. A batch handler (message parameter `&[&Message]`, see [above](#batch-handlers)) needs no argument and runs its body once per batch |
 //! | `cache = false`, `cache_ttl = "30m"` | feature `redis`: this handler skips the Redis cache of duplicates, or keeps its entries that long (default: the handle's TTL); see [`cache`]. Without the feature, a compile error names it |
+//! | `retention = "30d"` | how long the handler's `success` keys are kept before the retention cleanup may delete them (units `ms`, `s`, `m`, `h`, `d`; default: the cleaner's window, 7 days); recorded with the scope in the database, where every cleaner reads it: see [`retention`] |
 //! | `crate = "path"` | where `idem_runtime` is, when the dependency is renamed |
 //!
 //! # Guarantees
@@ -193,6 +194,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admin;
 pub mod batch;
 pub mod cache;
 pub mod config;
@@ -203,6 +205,7 @@ pub mod key;
 pub mod lease;
 mod outcome;
 pub mod privileges;
+pub mod retention;
 pub mod scope;
 pub mod store;
 pub mod telemetry;

@@ -144,6 +144,7 @@ pub(crate) struct Statements {
     claim: String,
     takeover: String,
     pub table: String,
+    pub scopes_table: String,
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub instance: String,
     record_failure: String,
@@ -164,6 +165,8 @@ pub(crate) struct Statements {
     pub batch_store_results: String,
     /// Records a scope's owner, or reads the one recorded.
     pub register_scope: String,
+    /// Records the retention window a scope's handler declares.
+    pub record_scope_retention: String,
     /// Forgets a scope's owner.
     pub release_scope: String,
 }
@@ -274,13 +277,20 @@ impl Statements {
                 FROM unnest($2::uuid[], $3::json[]) AS v(key, result) \
                 WHERE k.scope = $1 AND k.key = v.key"
             ),
+            scopes_table: format!("{schema}.idem_scopes"),
             register_scope: format!(
                 "WITH inserted AS ( \
-                    INSERT INTO {schema}.idem_scopes (scope, owner, handler, shared) VALUES ($1, $2, $3, $2 IS NULL) \
-                    ON CONFLICT (scope) DO NOTHING RETURNING owner, handler, shared) \
-                 SELECT owner, handler, shared FROM inserted \
+                    INSERT INTO {schema}.idem_scopes (scope, owner, handler, shared, retention_ms) \
+                    VALUES ($1, $2, $3, $2 IS NULL, $4) \
+                    ON CONFLICT (scope) DO NOTHING RETURNING owner, handler, shared, retention_ms) \
+                 SELECT owner, handler, shared, retention_ms FROM inserted \
                  UNION ALL \
-                 SELECT owner, handler, shared FROM {schema}.idem_scopes WHERE scope = $1 AND NOT EXISTS (SELECT FROM inserted)"
+                 SELECT owner, handler, shared, retention_ms FROM {schema}.idem_scopes \
+                 WHERE scope = $1 AND NOT EXISTS (SELECT FROM inserted)"
+            ),
+            record_scope_retention: format!(
+                "UPDATE {schema}.idem_scopes SET retention_ms = $2 WHERE scope = $1 \
+                 AND retention_ms IS DISTINCT FROM $2"
             ),
             release_scope: format!("DELETE FROM {schema}.idem_scopes WHERE scope = $1"),
             instance: format!(
