@@ -198,6 +198,7 @@ pub mod admin;
 pub mod batch;
 pub mod cache;
 pub mod config;
+mod error_text;
 mod handle;
 pub mod handler;
 mod inflight;

@@ -40,11 +40,10 @@ use tracing::Instrument;
 use crate::Idem;
 use crate::cache;
 use crate::config::ErrorTexts;
+use crate::error_text::{error_kind, failure_text, is_transient, storable_text};
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
-use crate::outcome::{
-    Error, HandlerError, Outcome, error_kind, failure_text, is_transient, storable_text,
-};
+use crate::outcome::{Error, HandlerError, Outcome};
 use crate::scope;
 use crate::store::{Claim, ClaimedKey, Existing, Status};
 use crate::telemetry::{self, Mode, Timer};
