@@ -81,15 +81,13 @@ async fn no_password_appears_in_logs_or_errors(pool: PgPool) {
     let options = pool.connect_options().as_ref().clone().password(PASSWORD);
     let with_password = PgPool::connect_with(options).await.unwrap();
     let mut errors = Vec::new();
-    let mut builder = Idem::builder(with_password);
+    let builder = Idem::builder(with_password);
+    // A Redis that does not answer, reached with a password: its errors are logged.
     #[cfg(feature = "redis")]
-    {
-        // A Redis that does not answer, reached with a password: its errors are logged.
-        let cache =
-            idem_runtime::cache::RedisCache::from_url(&format!("redis://:{PASSWORD}@127.0.0.1:1/"))
-                .unwrap();
-        builder = builder.redis(cache);
-    }
+    let builder = builder.redis(
+        idem_runtime::cache::RedisCache::from_url(&format!("redis://:{PASSWORD}@127.0.0.1:1/"))
+            .unwrap(),
+    );
     let idem = testing::setup_with(builder.build().unwrap()).await;
     errors.push(format!("{idem:?}"));
     let event = testing::paid("o-logged", 1);
