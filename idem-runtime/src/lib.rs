@@ -184,7 +184,8 @@
 //! - A handler error rolls the effects back and records `failed`, the error text and the
 //!   attempts; after `max_attempts` the key is parked.
 //! - A dropped future (a cancelled task, a timeout) rolls its transaction back: no claim
-//!   is left behind.
+//!   is left behind (in transaction mode; in lease mode the key is held until its lease
+//!   expires).
 //! - Effects outside the database (HTTP calls, e-mails) are *not* covered: they may repeat
 //!   when a transaction rolls back after them.
 //! - With the `redis` feature and a cache on the handle (`IdemBuilder::redis`), a

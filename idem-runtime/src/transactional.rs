@@ -220,12 +220,15 @@ where
                 }
             }
             Err(error) => {
-                // The business effects and the claim go; the failure is recorded below.
-                tx.rollback().await.ok();
+                // The business effects and the claim go; the failure is recorded below. A
+                // rollback that cannot reach the server tells of a lost connection, whatever
+                // the handler made of the error it got.
+                let connection_lost =
+                    matches!(tx.rollback().await, Err(ref lost) if !counts_as_attempt(lost));
                 if is_transient(error.as_std_error()) && retries.wait().await {
                     continue;
                 }
-                if !counts_as_attempt_of(error.as_std_error()) {
+                if connection_lost || !counts_as_attempt_of(error.as_std_error()) {
                     // A lost connection, a server going away, a lock timeout: not the
                     // message's fault. Nothing is recorded; the next delivery retries.
                     tracing::debug!(%key, scope, "handler failed for a reason that is not the message's; no attempt counted");

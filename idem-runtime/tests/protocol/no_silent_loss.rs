@@ -943,3 +943,86 @@ async fn the_takeover_of_a_failed_key_without_fingerprint_records_the_fingerprin
     );
     assert_eq!(effects(&pool).await, 1);
 }
+
+// ---- A connection killed under a handler whose error keeps only the text counts nothing.
+
+/// An error type that keeps the database error's text and drops the error itself, as
+/// many applications' error types do.
+#[derive(Debug)]
+struct TextOnly(String);
+
+impl std::fmt::Display for TextOnly {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TextOnly {}
+
+impl From<sqlx::Error> for TextOnly {
+    fn from(error: sqlx::Error) -> Self {
+        TextOnly(error.to_string())
+    }
+}
+
+#[idempotent(key = "order_id", scope = "text_only", max_attempts = 1)]
+async fn apply_text_only(
+    tx: &mut PgConnection,
+    event: &OrderEvent,
+    pid_known: &Checkpoint,
+    pid: &std::sync::Mutex<Option<i32>>,
+) -> Result<(), TextOnly> {
+    testing::insert_effect(tx, event).await?;
+    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *tx)
+        .await?;
+    if pid.lock().unwrap().replace(backend).is_none() {
+        pid_known.announce();
+        sqlx::query("SELECT pg_sleep(30)").execute(&mut *tx).await?;
+    }
+    Ok(())
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_killed_connection_counts_no_attempt_whatever_the_error_type(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    let event = testing::paid("o-text-only", 100);
+    let pid_known = Checkpoint::new();
+    let pid = std::sync::Mutex::new(None);
+    let delivery = apply_text_only(&idem, &event, &pid_known, &pid);
+    let killer = async {
+        pid_known.reached().await;
+        // The body is inside `pg_sleep` once its backend waits on the timeout.
+        let backend = pid.lock().unwrap().expect("published");
+        let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
+            .bind(backend)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert!(terminated);
+    };
+    let (outcome, ()) = tokio::join!(delivery, killer);
+    match outcome {
+        Err(Error::Handler {
+            attempts: 0,
+            parked: false,
+            ..
+        }) => {}
+        other => panic!("a killed connection counted as the message's failure: {other:?}"),
+    }
+    // max_attempts = 1: had it counted, the key would be parked now.
+    assert!(
+        idem.record("text_only", key_of("o-text-only"))
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing is recorded for a killed connection"
+    );
+    assert!(
+        apply_text_only(&idem, &event, &pid_known, &pid)
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    assert_eq!(effects(&pool).await, 1);
+}
