@@ -52,7 +52,9 @@ async fn notify_payment(
     event: &OrderEvent,
     service: &NotificationService,
 ) -> Result<(), sqlx::Error> {
-    service.send(lease.key().as_uuid(), lease.token(), event).await
+    service
+        .send(lease.key().as_uuid(), lease.token(), event)
+        .await
 }
 
 /// Paid events are notified; the others need nothing from this consumer.
