@@ -12,4 +12,5 @@ mod database_outage;
 mod end_to_end;
 mod lease_mode;
 mod per_message;
+mod spans;
 mod support;
