@@ -19,4 +19,4 @@ eval "$exports"
 cargo test --workspace --all-features "$@"
 # The compile error of the cache's handler arguments without the `redis` feature shows
 # only in a build without it.
-cargo test -p idem-suite --test redis_ui "$@"
+cargo test -p idem-runtime --test redis_ui "$@"

@@ -11,11 +11,9 @@
 //! # let _ = idem; }
 //! ```
 
-use std::sync::Arc;
-
 use idem_runtime::Idem;
+pub use idem_runtime::testing::{Checkpoint, count_rows, wait_for_lease_expiry};
 use sqlx::PgPool;
-use tokio::sync::Notify;
 
 use crate::orders::{CREATE_ORDER_EFFECTS, EventType, OrderEvent};
 
@@ -33,24 +31,6 @@ pub async fn setup_with(idem: Idem) -> Idem {
         .expect("create order_effects");
     idem.migrate().await.expect("migrate the status table");
     idem
-}
-
-/// The number of committed rows in `table` (`name` or `schema.name`).
-///
-/// # Panics
-///
-/// When `table` is not a plain lowercase (optionally schema-qualified) name, or the query
-/// fails.
-pub async fn count_rows(pool: &PgPool, table: &str) -> i64 {
-    let plain = !table.is_empty()
-        && table
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.');
-    assert!(plain, "not a plain table name: {table:?}");
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|error| panic!("count the rows of {table}: {error}"))
 }
 
 /// A `paid` event of `order_id` for `amount_cents`.
@@ -78,90 +58,4 @@ pub async fn insert_effect(
     .bind(event.amount_cents)
     .fetch_one(conn)
     .await
-}
-
-/// A point in a handler body where the body announces itself and waits to be released.
-///
-/// The body calls [`Checkpoint::reach`]; the test awaits [`Checkpoint::reached`], looks
-/// at the database while the body's transaction is open, and calls
-/// [`Checkpoint::release`]. Either side may come first: nothing is lost.
-#[derive(Clone, Debug, Default)]
-pub struct Checkpoint {
-    inner: Arc<Signals>,
-}
-
-#[derive(Debug, Default)]
-struct Signals {
-    reached: Notify,
-    released: Notify,
-}
-
-impl Checkpoint {
-    /// A checkpoint that no body has reached yet.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// In the body: announces that the body got here, then waits for [`release`](Self::release).
-    pub async fn reach(&self) {
-        self.inner.reached.notify_one();
-        self.inner.released.notified().await;
-    }
-
-    /// In the body: announces that the body got here, and goes on.
-    pub fn announce(&self) {
-        self.inner.reached.notify_one();
-    }
-
-    /// In the body: announces that the body got here and never returns, so that the
-    /// delivery only ends when its future is dropped.
-    pub async fn reach_and_hang(&self) -> std::convert::Infallible {
-        self.announce();
-        std::future::pending().await
-    }
-
-    /// In the test: waits until a body has called [`reach`](Self::reach).
-    pub async fn reached(&self) {
-        self.inner.reached.notified().await;
-    }
-
-    /// In the test: lets a body waiting in [`reach`](Self::reach) go on.
-    pub fn release(&self) {
-        self.inner.released.notify_one();
-    }
-}
-
-/// Lease mode: waits until the lease on `key` in `scope` (status table `idem.idem_keys`)
-/// has expired on the database's clock, the clock the protocol compares expiries with.
-///
-/// # Panics
-///
-/// When the key has no row or no lease, or the lease does not expire within a minute.
-pub async fn wait_for_lease_expiry(
-    pool: &PgPool,
-    scope: &str,
-    key: idem_runtime::key::IdempotencyKey,
-) {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let expired: Option<Option<bool>> = sqlx::query_scalar(
-            "SELECT lease_expires_at <= now() FROM idem.idem_keys WHERE scope = $1 AND key = $2",
-        )
-        .bind(scope)
-        .bind(key.as_uuid())
-        .fetch_optional(pool)
-        .await
-        .expect("read the lease");
-        match expired {
-            Some(Some(true)) => return,
-            Some(Some(false)) => {}
-            Some(None) => panic!("key {key} in scope {scope} holds no lease"),
-            None => panic!("key {key} in scope {scope} has no row"),
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the lease on key {key} did not expire within a minute"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
 }

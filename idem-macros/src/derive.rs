@@ -7,8 +7,8 @@ use syn::{Data, DeriveInput, Fields, LitStr, Path, parse_quote};
 
 pub fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
     let private = match krate(input)? {
-        Some(path) => quote!(#path::__private),
-        None => quote!(::idem_runtime::__private),
+        Some(path) => quote!(#path::__private_v0_1),
+        None => quote!(::idem_runtime::__private_v0_1),
     };
     let body = match &input.data {
         Data::Struct(data) => {

@@ -1,11 +1,14 @@
 //! The `#[idempotent]` attribute and `#[derive(KeyPart)]` of idem.
 //!
 //! Use them through `idem_runtime`, which re-exports both and documents them; this crate
-//! only parses and generates code that calls `idem_runtime::__private`.
+//! only parses (`parse`), checks (`validate`) and generates code (`generate`,
+//! `batch_handler`, `derive`) that calls `idem_runtime::__private_v0_1`.
 
-mod attr;
+mod batch_handler;
 mod derive;
-mod expand;
+mod generate;
+mod parse;
+mod validate;
 
 use proc_macro::TokenStream;
 use quote::ToTokens;
@@ -20,7 +23,7 @@ use quote::ToTokens;
 /// running its body once per new message.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    let mut parsed = attr::Args::default();
+    let mut parsed = parse::Args::default();
     let parser = syn::meta::parser(|meta| parsed.parse(meta));
     if let Err(error) = syn::parse::Parser::parse(parser, args) {
         parsed.errors.push(error);
@@ -36,7 +39,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             return with_errors(item_tokens, vec![error]);
         }
     };
-    match expand::expand(parsed, &function) {
+    match generate::expand(parsed, &function) {
         Ok(expanded) => expanded.into(),
         // The function is kept as written, so that its own errors and uses still resolve.
         Err(errors) => with_errors(function.into_token_stream(), errors),

@@ -575,7 +575,6 @@ async fn claim<T, E, C: ResultCodec<T>>(
     if to_claim.is_empty() {
         return Ok(None);
     }
-    let table = format!("{}.idem_keys", idem.config().schema());
     let scope = spec.scope;
     let keys: Vec<Uuid> = to_claim.iter().map(|&i| keyed(i).0.as_uuid()).collect();
     let fingerprints: Vec<Option<Vec<u8>>> = to_claim
@@ -587,31 +586,13 @@ async fn claim<T, E, C: ResultCodec<T>>(
     let mut tx = idem.bounded_transaction().await?;
     // Only the keys in the way come back, as arrays in one row (an aggregate always
     // yields one): the happy path returns no row data but the transaction's id.
-    let row = sqlx::query(&format!(
-        "WITH input AS ( \
-            SELECT * FROM unnest($2::uuid[], $3::bytea[]) AS i(key, fingerprint)), \
-         claimed AS ( \
-            INSERT INTO {table} (scope, key, status, attempts, fingerprint) \
-            SELECT $1, key, 'success', 1, fingerprint FROM input ORDER BY key \
-            ON CONFLICT (scope, key) DO NOTHING \
-            RETURNING key), \
-         lost AS ( \
-            SELECT i.key FROM input i WHERE NOT EXISTS (SELECT FROM claimed c WHERE c.key = i.key)) \
-         SELECT (SELECT pg_current_xact_id_if_assigned()::text::bigint FROM claimed LIMIT 1) AS xid, \
-                CASE WHEN coalesce(bool_and(k.status IS DISTINCT FROM 'failed'), true) \
-                     THEN set_config('lock_timeout', $4, true) END AS restored, \
-                array_agg(l.key) AS keys, array_agg(k.status) AS statuses, \
-                array_agg(k.attempts) AS attempts, array_agg(k.fingerprint) AS fingerprints, \
-                array_agg(k.result) AS results, array_agg(k.last_error) AS last_errors \
-         FROM lost l \
-         LEFT JOIN {table} k ON k.scope = $1 AND k.key = l.key"
-    ))
-    .bind(scope)
-    .bind(&keys)
-    .bind(&fingerprints)
-    .bind(body_lock_timeout)
-    .fetch_one(&mut *tx)
-    .await?;
+    let row = sqlx::query(&idem.statements().batch_claim)
+        .bind(scope)
+        .bind(&keys)
+        .bind(&fingerprints)
+        .bind(body_lock_timeout)
+        .fetch_one(&mut *tx)
+        .await?;
 
     let mut xid: Option<i64> = row.try_get("xid")?;
     let lost: Vec<Uuid> = column(&row, "keys")?;
@@ -657,7 +638,8 @@ async fn claim<T, E, C: ResultCodec<T>>(
             result,
             last_error,
         };
-        let mismatch = matches!((fingerprint, &existing.fingerprint), (Some(ours), Some(theirs)) if ours.as_slice() != theirs.as_slice());
+        let mismatch =
+            crate::transactional::mismatched(fingerprint.as_ref().map(|f| f.as_slice()), &existing);
         if mismatch {
             decided.push((
                 index,
@@ -685,18 +667,12 @@ async fn claim<T, E, C: ResultCodec<T>>(
             .iter()
             .map(|&i| keyed(i).1.map(|f| f.to_vec()))
             .collect();
-        let retaken: Vec<(Uuid, i64)> = sqlx::query_as(&format!(
-            "UPDATE {table} AS k SET status = 'success', attempts = k.attempts + 1, updated_at = now(), \
-                 fingerprint = coalesce(k.fingerprint, f.fingerprint) \
-             FROM unnest($2::uuid[], $3::bytea[]) AS f(key, fingerprint) \
-             WHERE k.scope = $1 AND k.key = f.key AND k.status = 'failed' \
-             RETURNING k.key, pg_current_xact_id()::text::bigint"
-        ))
-        .bind(scope)
-        .bind(&failed_keys)
-        .bind(&failed_fingerprints)
-        .fetch_all(&mut *tx)
-        .await?;
+        let retaken: Vec<(Uuid, i64)> = sqlx::query_as(&idem.statements().batch_retake)
+            .bind(scope)
+            .bind(&failed_keys)
+            .bind(&failed_fingerprints)
+            .fetch_all(&mut *tx)
+            .await?;
         xid = xid.or(retaken.first().map(|&(_, xid)| xid));
         // The claim left the lock timeout bounded for this takeover: the body runs with
         // the session's own.
@@ -758,17 +734,12 @@ where
         values.push((index, value));
     }
     if !stored_keys.is_empty() {
-        let table = format!("{}.idem_keys", idem.config().schema());
-        sqlx::query(&format!(
-            "UPDATE {table} AS k SET result = v.result \
-             FROM unnest($2::uuid[], $3::json[]) AS v(key, result) \
-             WHERE k.scope = $1 AND k.key = v.key"
-        ))
-        .bind(spec.scope)
-        .bind(&stored_keys)
-        .bind(&stored_results)
-        .execute(&mut *tx)
-        .await?;
+        sqlx::query(&idem.statements().batch_store_results)
+            .bind(spec.scope)
+            .bind(&stored_keys)
+            .bind(&stored_results)
+            .execute(&mut *tx)
+            .await?;
     }
     // A body that swallowed a failed statement left the transaction aborted, or ended it
     // itself: the check fails then, where a bare COMMIT would lose the claims silently.

@@ -64,6 +64,7 @@ pub struct Config {
     pub(crate) lock_timeout: Duration,
     pub(crate) transient_retries: u32,
     pub(crate) error_texts: ErrorTexts,
+    pub(crate) retention: crate::retention::Retention,
 }
 
 /// What is stored of a failure in the status table's `last_error` (and shown to
@@ -88,6 +89,7 @@ impl Default for Config {
             lock_timeout: Duration::from_secs(5),
             transient_retries: 3,
             error_texts: ErrorTexts::Full,
+            retention: crate::retention::Retention::default(),
         }
     }
 }
@@ -117,5 +119,11 @@ impl Config {
     /// What is stored of a failure (default: the full text, bounded).
     pub fn error_texts(&self) -> ErrorTexts {
         self.error_texts
+    }
+
+    /// How long `success` keys are kept, and how the cleanup deletes them (default: 7
+    /// days; the cleanup only runs when called, see [`retention`](crate::retention)).
+    pub fn retention(&self) -> &crate::retention::Retention {
+        &self.retention
     }
 }

@@ -112,7 +112,7 @@ impl Idem {
     ) -> Result<(), crate::scope::Error> {
         self.inner
             .scopes
-            .check(self.pool(), &self.statements().scopes_table, spec, identity)
+            .check(self.pool(), self.statements(), spec, identity)
             .await
     }
 
@@ -246,15 +246,45 @@ impl Idem {
         Ok(reset)
     }
 
+    /// Deletes the `success` keys older than the handle's retention window
+    /// ([`IdemBuilder::retention`]), in bounded batches, unless another cleaner of the same
+    /// status table is running: see [`retention`](crate::retention).
+    ///
+    /// A duplicate that arrives after its key was deleted runs its body again.
+    pub async fn purge(&self) -> Result<crate::retention::PurgeReport, sqlx::Error> {
+        crate::retention::purge(self, self.config().retention()).await
+    }
+
+    /// [`purge`](Self::purge) with other retention settings (e.g. an operator's window).
+    pub async fn purge_with(
+        &self,
+        retention: &crate::retention::Retention,
+    ) -> Result<crate::retention::PurgeReport, sqlx::Error> {
+        crate::retention::purge(self, retention).await
+    }
+
+    /// Counts, per scope, the keys that [`purge_with`](Self::purge_with) would delete now,
+    /// and deletes nothing.
+    pub async fn purge_dry_run(
+        &self,
+        retention: &crate::retention::Retention,
+    ) -> Result<crate::retention::PurgeReport, sqlx::Error> {
+        crate::retention::dry_run(self, retention).await
+    }
+
+    /// Starts the retention cleanup in the background (off until called): [`purge`](Self::purge)
+    /// at once, then every [`Retention::interval`](crate::retention::Retention::interval).
+    /// Every instance may start it: one cleaner at a time runs, the others find the lock
+    /// taken and wait for the next interval. Must be called within a Tokio runtime.
+    pub fn spawn_retention(&self) -> crate::retention::RetentionTask {
+        crate::retention::RetentionTask::spawn(self.clone())
+    }
+
     /// Forgets which crate owns `scope` (see [`scope`](crate::scope)), after the crate
     /// that declares its handler was renamed: the next handler that runs with the scope
     /// records its own crate. The scope's keys stay. Returns whether an owner was recorded.
     pub async fn release_scope(&self, scope: &str) -> Result<bool, sqlx::Error> {
-        let statement = format!(
-            "DELETE FROM {} WHERE scope = $1",
-            self.statements().scopes_table
-        );
-        let done = sqlx::query(&statement)
+        let done = sqlx::query(&self.statements().release_scope)
             .bind(scope)
             .execute(self.pool())
             .await?;
@@ -304,6 +334,14 @@ impl IdemBuilder {
     /// or only the error's kind, where handler errors may carry personal data.
     pub fn error_texts(mut self, texts: crate::config::ErrorTexts) -> Self {
         self.config.error_texts = texts;
+        self
+    }
+
+    /// How long `success` keys are kept and how the cleanup deletes them (default: 7 days,
+    /// batches of 5,000). The cleanup runs only when asked: [`Idem::purge`], or
+    /// [`Idem::spawn_retention`] for a background task; see [`retention`](crate::retention).
+    pub fn retention(mut self, retention: crate::retention::Retention) -> Self {
+        self.config.retention = retention;
         self
     }
 

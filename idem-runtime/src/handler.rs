@@ -39,6 +39,10 @@ pub struct HandlerSpec {
     /// the scope's owner in the database, so that another service cannot use the scope
     /// unknowingly.
     pub declared_in: Option<&'static str>,
+    /// How long the handler's `success` keys are kept before the retention cleanup may
+    /// delete them (`retention = "30d"`), instead of the cleanup's default window: see
+    /// [`retention`](crate::retention).
+    pub retention: Option<Duration>,
 }
 
 impl HandlerSpec {
@@ -51,6 +55,7 @@ impl HandlerSpec {
             lease: None,
             shared_scope: false,
             declared_in: None,
+            retention: None,
         }
     }
 
@@ -81,6 +86,13 @@ impl HandlerSpec {
     /// The module that declares the handler, as `module_path!()` gives it.
     pub const fn declared_in(mut self, module_path: &'static str) -> Self {
         self.declared_in = Some(module_path);
+        self
+    }
+
+    /// The retention window of the handler's `success` keys. Recorded with the scope in
+    /// the database when the handler first runs, where every cleaner reads it.
+    pub const fn retention(mut self, window: Duration) -> Self {
+        self.retention = Some(window);
         self
     }
 

@@ -522,7 +522,7 @@ pub mod identifies {
     //! [`key_identifies_a_fact`] requires the result to be `Identifies`.
     //!
     //! ```ignore
-    //! use idem_runtime::__private::identifies::*;
+    //! use idem_runtime::__private_v0_1::identifies::*;
     //! key_identifies_a_fact(Or::or(
     //!     (&&&Probe(&event.order_id)).key_part_class(),
     //!     (&&&Probe(&event.created_at)).key_part_class(),
@@ -640,6 +640,12 @@ mod chrono_parts {
     }
     /// A calendar date names a business period (a daily report), unlike a bare instant.
     impl SoleKeyPart for NaiveDate {}
+}
+
+/// Whether two payload fingerprints tell different payloads apart: both known and not
+/// equal. A side without a fingerprint (a handler that declares none) never differs.
+pub(crate) fn fingerprints_differ(ours: Option<&[u8]>, theirs: Option<&[u8]>) -> bool {
+    matches!((ours, theirs), (Some(ours), Some(theirs)) if ours != theirs)
 }
 
 #[cfg(test)]

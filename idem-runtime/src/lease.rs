@@ -51,9 +51,10 @@ use uuid::Uuid;
 
 use crate::Idem;
 use crate::cache;
+use crate::error_text::failure_text;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
-use crate::outcome::{Error, HandlerError, Outcome, failure_text};
+use crate::outcome::{Error, HandlerError, Outcome};
 use crate::scope;
 use crate::store::LeaseClaim;
 use crate::telemetry::{self, Mode, Timer};

@@ -26,6 +26,7 @@ pub fn consumer_grants(schema: &Identifier, role: &str) -> String {
         "GRANT USAGE ON SCHEMA {schema} TO {role};\n\
          GRANT SELECT, INSERT, UPDATE ON {schema}.idem_keys TO {role};\n\
          GRANT SELECT, INSERT ON {schema}.idem_scopes TO {role};\n\
+         GRANT UPDATE (retention_ms) ON {schema}.idem_scopes TO {role};\n\
          GRANT SELECT ON {schema}.idem_instance TO {role};\n"
     )
 }
@@ -47,6 +48,6 @@ mod tests {
             sql.contains(r#"TO "x""; DROP TABLE idem_keys; --";"#),
             "{sql}"
         );
-        assert_eq!(sql.matches(';').count(), 4 * 3, "{sql}");
+        assert_eq!(sql.matches(';').count(), 5 * 3, "{sql}");
     }
 }

@@ -31,6 +31,7 @@ use std::sync::Mutex;
 use sqlx::PgPool;
 
 use crate::handler::HandlerSpec;
+use crate::store::Statements;
 
 /// Two handlers would share a scope without declaring it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -83,7 +84,7 @@ impl Scopes {
     pub(crate) async fn check(
         &self,
         pool: &PgPool,
-        table: &str,
+        statements: &Statements,
         spec: &HandlerSpec,
         identity: &'static str,
     ) -> Result<(), Error> {
@@ -96,7 +97,10 @@ impl Scopes {
         }
         check_name(spec.scope)?;
         let owner = (!spec.shared_scope).then(|| (owner_crate(spec, identity), identity));
-        record(pool, table, spec.scope, owner).await?;
+        let retention = spec
+            .retention
+            .map(|window| i64::try_from(window.as_millis()).unwrap_or(i64::MAX).max(1));
+        record(pool, statements, spec.scope, owner, retention).await?;
         let mut seen = self
             .seen
             .lock()
@@ -175,37 +179,35 @@ fn check_name(scope: &str) -> Result<(), Error> {
     ))
 }
 
+/// A scope's row: its owner crate and handler, whether it is shared, its retention window.
+type Recorded = (Option<String>, Option<String>, bool, Option<i64>);
+
 /// Records the scope's owner, its crate and handler (`None`: shared), unless one is
-/// recorded, and compares.
+/// recorded, and compares. Records the handler's retention window (milliseconds, `None`:
+/// the cleanup's default) when it differs from the recorded one.
 async fn record(
     pool: &PgPool,
-    table: &str,
+    statements: &Statements,
     scope: &str,
     owner: Option<(&str, &str)>,
+    retention: Option<i64>,
 ) -> Result<(), Error> {
-    let statement = format!(
-        "WITH inserted AS ( \
-            INSERT INTO {table} (scope, owner, handler, shared) VALUES ($1, $2, $3, $2 IS NULL) \
-            ON CONFLICT (scope) DO NOTHING RETURNING owner, handler, shared) \
-         SELECT owner, handler, shared FROM inserted \
-         UNION ALL \
-         SELECT owner, handler, shared FROM {table} WHERE scope = $1 AND NOT EXISTS (SELECT FROM inserted)"
-    );
     let (crate_name, handler) = owner.unzip();
     // A registration committed while this one waited is not in this statement's
     // snapshot: the second try sees it.
     for _ in 0..2 {
-        let row: Option<(Option<String>, Option<String>, bool)> = sqlx::query_as(&statement)
+        let row: Option<Recorded> = sqlx::query_as(&statements.register_scope)
             .bind(scope)
             .bind(crate_name)
             .bind(handler)
+            .bind(retention)
             .fetch_optional(pool)
             .await
             .map_err(Error::Database)?;
-        let Some((recorded, recorded_handler, shared)) = row else {
+        let Some((recorded, recorded_handler, shared, recorded_retention)) = row else {
             continue;
         };
-        return match (owner, recorded.as_deref(), shared) {
+        let verdict = match (owner, recorded.as_deref(), shared) {
             (None, _, true) => Ok(()),
             (Some((ours, our_handler)), Some(theirs), false) if ours == theirs => {
                 match recorded_handler.as_deref() {
@@ -239,6 +241,25 @@ async fn record(
             )),
             (None, None, false) => Ok(()),
         };
+        if verdict.is_ok() && recorded_retention != retention {
+            // The handler's window changed (or a handler sharing the scope declares
+            // another): the last handler to start records its own. A role without the
+            // privilege (grants older than `retention_ms`) still handles its messages.
+            let updated = sqlx::query(&statements.record_scope_retention)
+                .bind(scope)
+                .bind(retention)
+                .execute(pool)
+                .await;
+            if let Err(error) = updated {
+                tracing::warn!(
+                    scope,
+                    %error,
+                    "idem: the retention window of the scope could not be recorded; cleaners go on with the recorded one ({:?} ms)",
+                    recorded_retention
+                );
+            }
+        }
+        return verdict;
     }
     Err(Error::Database(sqlx::Error::RowNotFound))
 }

@@ -158,6 +158,18 @@ pub(crate) struct Statements {
     extend_lease: String,
     complete_lease: String,
     fail_lease: String,
+    /// Batch handlers: claims every key of a batch, returning the keys in the way.
+    pub batch_claim: String,
+    /// Batch handlers: takes over the `failed` keys of a batch.
+    pub batch_retake: String,
+    /// Batch handlers: stores the results of a batch's new messages.
+    pub batch_store_results: String,
+    /// Records a scope's owner, or reads the one recorded.
+    pub register_scope: String,
+    /// Records the retention window a scope's handler declares.
+    pub record_scope_retention: String,
+    /// Forgets a scope's owner.
+    pub release_scope: String,
 }
 
 /// The columns of a claim's answer: the transaction id when the key was won, the row in
@@ -243,7 +255,53 @@ impl Statements {
                 "UPDATE {table} SET status = 'failed', attempts = 0, updated_at = now() \
                  WHERE scope = $1 AND key = $2 AND status IN ('failed', 'parked')"
             ),
+            batch_claim: format!(
+                "WITH input AS ( \
+                SELECT * FROM unnest($2::uuid[], $3::bytea[]) AS i(key, fingerprint)), \
+                claimed AS ( \
+                INSERT INTO {table} (scope, key, status, attempts, fingerprint) \
+                SELECT $1, key, 'success', 1, fingerprint FROM input ORDER BY key \
+                ON CONFLICT (scope, key) DO NOTHING \
+                RETURNING key), \
+                lost AS ( \
+                SELECT i.key FROM input i WHERE NOT EXISTS (SELECT FROM claimed c WHERE c.key = i.key)) \
+                SELECT (SELECT pg_current_xact_id_if_assigned()::text::bigint FROM claimed LIMIT 1) AS xid, \
+                CASE WHEN coalesce(bool_and(k.status IS DISTINCT FROM 'failed'), true) \
+                THEN set_config('lock_timeout', $4, true) END AS restored, \
+                array_agg(l.key) AS keys, array_agg(k.status) AS statuses, \
+                array_agg(k.attempts) AS attempts, array_agg(k.fingerprint) AS fingerprints, \
+                array_agg(k.result) AS results, array_agg(k.last_error) AS last_errors \
+                FROM lost l \
+                LEFT JOIN {table} k ON k.scope = $1 AND k.key = l.key"
+            ),
+            batch_retake: format!(
+                "UPDATE {table} AS k SET status = 'success', attempts = k.attempts + 1, updated_at = now(), \
+                fingerprint = coalesce(k.fingerprint, f.fingerprint) \
+                FROM unnest($2::uuid[], $3::bytea[]) AS f(key, fingerprint) \
+                WHERE k.scope = $1 AND k.key = f.key AND k.status = 'failed' \
+                RETURNING k.key, pg_current_xact_id()::text::bigint"
+            ),
+            batch_store_results: format!(
+                "UPDATE {table} AS k SET result = v.result \
+                FROM unnest($2::uuid[], $3::json[]) AS v(key, result) \
+                WHERE k.scope = $1 AND k.key = v.key"
+            ),
             scopes_table: format!("{schema}.idem_scopes"),
+            register_scope: format!(
+                "WITH inserted AS ( \
+                    INSERT INTO {schema}.idem_scopes (scope, owner, handler, shared, retention_ms) \
+                    VALUES ($1, $2, $3, $2 IS NULL, $4) \
+                    ON CONFLICT (scope) DO NOTHING RETURNING owner, handler, shared, retention_ms) \
+                 SELECT owner, handler, shared, retention_ms FROM inserted \
+                 UNION ALL \
+                 SELECT owner, handler, shared, retention_ms FROM {schema}.idem_scopes \
+                 WHERE scope = $1 AND NOT EXISTS (SELECT FROM inserted)"
+            ),
+            record_scope_retention: format!(
+                "UPDATE {schema}.idem_scopes SET retention_ms = $2 WHERE scope = $1 \
+                 AND retention_ms IS DISTINCT FROM $2"
+            ),
+            release_scope: format!("DELETE FROM {schema}.idem_scopes WHERE scope = $1"),
             instance: format!(
                 "SELECT id::text || ':' || current_database() || ':' || '{schema}' AS identity, \
                         cache_secret \

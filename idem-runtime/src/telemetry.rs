@@ -11,6 +11,7 @@
 //! | `idem_handler_duration_seconds` | histogram | `scope`, `mode` | the handler's body |
 //! | `idem_cache_lookups_total` | counter | `result` | Redis look-ups: `hit`, `miss`, `error`, `skipped`, `forged` |
 //! | `idem_cache_writes_total` | counter | `result` | Redis writes: `ok`, `error`, `skipped` |
+//! | `idem_retention_deleted_total` | counter | `scope` | `success` keys deleted by the retention cleanup ([`retention`](crate::retention)) |
 //!
 //! `mode` is `transaction`, `lease` or `batch` (a message handled by a batch, counted once
 //! per message). Each handling runs in a span `idem.handle` with the fields `idem.scope`,
@@ -126,4 +127,10 @@ impl Timer {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn cache(name: &'static str, result: &'static str) {
     metrics::counter!(name, "result" => result).increment(1);
+}
+
+/// Counts the keys of `scope` that a retention batch deleted.
+pub(crate) fn retention_deleted(scope: &str, deleted: u64) {
+    metrics::counter!("idem_retention_deleted_total", "scope" => scope.to_owned())
+        .increment(deleted);
 }

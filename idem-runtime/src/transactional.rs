@@ -40,11 +40,10 @@ use tracing::Instrument;
 use crate::Idem;
 use crate::cache;
 use crate::config::ErrorTexts;
+use crate::error_text::{error_kind, failure_text, is_transient, storable_text};
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
-use crate::outcome::{
-    Error, HandlerError, Outcome, error_kind, failure_text, is_transient, storable_text,
-};
+use crate::outcome::{Error, HandlerError, Outcome};
 use crate::scope;
 use crate::store::{Claim, ClaimedKey, Existing, Status};
 use crate::telemetry::{self, Mode, Timer};
@@ -358,7 +357,7 @@ async fn claim(
 
 /// Whether the payload fingerprints of a delivery and of the key's row differ.
 pub(crate) fn mismatched(ours: Option<&[u8]>, existing: &Existing) -> bool {
-    matches!((ours, &existing.fingerprint), (Some(ours), Some(theirs)) if ours != theirs.as_slice())
+    crate::key::fingerprints_differ(ours, existing.fingerprint.as_deref())
 }
 
 pub(crate) fn decide<T, E, C: ResultCodec<T>>(

@@ -1,0 +1,449 @@
+//! `idem`: the operator's tool for the status table of idempotent handlers.
+//!
+//! ```text
+//! idem [-D URL] [--schema idem] [--json] <command>
+//!
+//!   migrate [status]                      apply the status table's migrations / list them
+//!   keys show --scope S (--key ID | --field F=V ...)
+//!   keys list [--scope S] [--status ST]... [--older-than AGE] [--limit N] [--after CURSOR]
+//!   keys retry|release [selection] [--dry-run]
+//!   purge [--older-than AGE] [--scope-window S=AGE]... [--dry-run]
+//!   stats
+//! ```
+//!
+//! The connection comes from `-D/--database-url`, else `DATABASE_URL`, else the libpq
+//! variables (`PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`).
+//! `sslmode` in the URL turns TLS on (rustls, webpki roots). Passwords are never printed.
+//!
+//! Exit codes: 0 done; 1 another error; 2 bad arguments; 3 a bad database URL; 4 the
+//! database cannot be reached; 5 the schema is missing or has pending migrations (also
+//! `migrate status` with pending migrations); 6 an unknown key; 7 a key whose status does
+//! not allow the change. With `--json`, an error is one JSON object on stderr
+//! (`{"error": "...", "kind": "unknown_key"}`).
+
+mod connect;
+mod output;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use idem_runtime::Idem;
+use idem_runtime::admin::{self, AdminError, Cursor, KeyField, KeyFilter};
+use idem_runtime::retention::Retention;
+use uuid::Uuid;
+
+/// The operator's tool for the status table of idem's idempotent handlers.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, about, long_about = None)]
+struct Cli {
+    /// The PostgreSQL URL (`postgres://user:password@host:5432/db?sslmode=require`); without
+    /// it, `DATABASE_URL`, else the libpq variables (PGHOST, PGPORT, PGUSER, PGPASSWORD,
+    /// PGDATABASE, PGSSLMODE).
+    #[arg(
+        short = 'D',
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        global = true
+    )]
+    database_url: Option<String>,
+    /// The schema of the status table.
+    #[arg(long, default_value = "idem", global = true)]
+    schema: String,
+    /// Machine-readable output: one JSON document on stdout.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the status table's migrations (creates the schema), or list them.
+    Migrate {
+        #[command(subcommand)]
+        action: Option<MigrateAction>,
+    },
+    /// Look at keys, retry or release failed and parked ones.
+    Keys {
+        #[command(subcommand)]
+        action: KeysAction,
+    },
+    /// Delete `success` keys older than the retention window, in batches (one cleaner at a
+    /// time). A duplicate arriving after its key was deleted runs its handler again.
+    Purge(PurgeArgs),
+    /// Keys per scope and status, the oldest lease in progress, the table's size.
+    Stats,
+}
+
+#[derive(Debug, Subcommand)]
+enum MigrateAction {
+    /// Apply the pending migrations (the default).
+    Run,
+    /// List the migrations; exits with 5 when some are pending.
+    Status,
+}
+
+#[derive(Debug, Subcommand)]
+enum KeysAction {
+    /// One key, by scope and key id, or by scope and key field values.
+    Show(KeyArgs),
+    /// Keys by scope, status and age, a page at a time.
+    List(ListArgs),
+    /// Give failed and parked keys a fresh count of attempts: the next delivery runs the
+    /// handler again.
+    Retry(ChangeArgs),
+    /// Delete failed and parked keys: the next delivery is a first delivery, with any
+    /// payload.
+    Release(ChangeArgs),
+}
+
+#[derive(Debug, Args)]
+struct KeyArgs {
+    /// The handler's scope.
+    #[arg(long)]
+    scope: String,
+    /// The key id (a UUID).
+    #[arg(long, conflicts_with = "field", required_unless_present = "field")]
+    key: Option<Uuid>,
+    /// A key field value, in the order of the handler's `key = "..."`: `name=value`
+    /// (a string) or `name:type=value` (type str, int, bool, uuid, date, time). Repeat for
+    /// each field.
+    #[arg(long = "field", value_name = "NAME[:TYPE]=VALUE")]
+    field: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct FilterArgs {
+    /// Only this scope.
+    #[arg(long)]
+    scope: Option<String>,
+    /// Only this status (processing, success, failed, parked); repeat for several.
+    #[arg(long = "status", value_name = "STATUS", value_parser = parse_status)]
+    statuses: Vec<idem_runtime::store::Status>,
+    /// Only keys last changed longer ago than this (`90s`, `15m`, `2h`, `7d`).
+    #[arg(long, value_name = "AGE", value_parser = parse_duration)]
+    older_than: Option<Duration>,
+}
+
+#[derive(Debug, Args)]
+struct ListArgs {
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Keys per page.
+    #[arg(long, default_value_t = 50)]
+    limit: u32,
+    /// Start after this cursor (`<scope>/<key>`, printed at the end of the previous page).
+    #[arg(long, value_name = "CURSOR")]
+    after: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct ChangeArgs {
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// One key id (with `--scope`).
+    #[arg(long, requires = "scope", conflicts_with = "field")]
+    key: Option<Uuid>,
+    /// One key by its field values (with `--scope`), as for `keys show`.
+    #[arg(long = "field", requires = "scope", value_name = "NAME[:TYPE]=VALUE")]
+    field: Vec<String>,
+    /// Every failed and parked key, when no other selection is given.
+    #[arg(long)]
+    all: bool,
+    /// Show what would change, change nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+struct PurgeArgs {
+    /// Delete `success` keys last changed longer ago than this.
+    #[arg(long, value_name = "AGE", default_value = "7d", value_parser = parse_duration)]
+    older_than: Duration,
+    /// A window of its own for a scope: `scope=AGE`; repeat for several.
+    #[arg(long, value_name = "SCOPE=AGE")]
+    scope_window: Vec<String>,
+    /// The most rows one batch deletes.
+    #[arg(long, default_value_t = 5_000)]
+    batch_size: u32,
+    /// The statement timeout of each batch.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    statement_timeout: Duration,
+    /// Count what would be deleted, delete nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// An error with its exit code.
+#[derive(Debug)]
+pub struct Failure {
+    code: u8,
+    kind: &'static str,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: u8, kind: &'static str, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// A URL that does not parse.
+    pub fn bad_url(message: String) -> Self {
+        Failure::new(3, "bad_url", message)
+    }
+
+    /// A database that cannot be reached.
+    pub fn connect(message: String) -> Self {
+        Failure::new(4, "connect", message)
+    }
+
+    fn usage(message: impl Into<String>) -> Self {
+        Failure::new(2, "usage", message)
+    }
+}
+
+impl From<AdminError> for Failure {
+    fn from(error: AdminError) -> Self {
+        let (code, kind) = match &error {
+            AdminError::NotMigrated { .. } => (5, "not_migrated"),
+            AdminError::UnknownKey { .. } => (6, "unknown_key"),
+            AdminError::WrongStatus { .. } => (7, "wrong_status"),
+            AdminError::InvalidSelection(_) | AdminError::KeyField(_) | AdminError::Key(_) => {
+                (2, "usage")
+            }
+            _ => (1, "database"),
+        };
+        Failure::new(code, kind, error.to_string())
+    }
+}
+
+impl From<sqlx::Error> for Failure {
+    fn from(error: sqlx::Error) -> Self {
+        Failure::new(1, "database", format!("database error: {error}"))
+    }
+}
+
+fn parse_status(text: &str) -> Result<idem_runtime::store::Status, String> {
+    admin::parse_status(text).ok_or_else(|| {
+        format!("unknown status {text:?}: use processing, success, failed or parked")
+    })
+}
+
+/// `500ms`, `90s`, `15m`, `2h`, `7d`.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 90s, 15m, 2h or 7d"))?;
+    let seconds = match unit {
+        "ms" => return Ok(Duration::from_millis(number)),
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: the unit is one of ms, s, m, h, d")),
+    };
+    number
+        .checked_mul(seconds)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let json = cli.json;
+    let secrets = connect::secrets(cli.database_url.as_deref());
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("idem: error: cannot start: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            let message = connect::redact(&failure.message, &secrets);
+            if json {
+                let document = serde_json::json!({ "error": message, "kind": failure.kind });
+                eprintln!("{document}");
+            } else {
+                eprintln!("idem: error: {message}");
+            }
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    // A schema name that is not a plain identifier is refused before connecting.
+    idem_runtime::config::Identifier::new(&cli.schema)
+        .map_err(|error| Failure::usage(error.to_string()))?;
+    let options = connect::options(cli.database_url.as_deref())?;
+    let pool = connect::pool(options, cli.database_url.as_deref()).await?;
+    let idem = Idem::builder(pool)
+        .schema(&cli.schema)
+        .build()
+        .map_err(|error| Failure::usage(error.to_string()))?;
+    let out = output::Output { json: cli.json };
+    match cli.command {
+        Command::Migrate { action } => migrate(&idem, &out, action).await,
+        Command::Keys { action } => {
+            admin::ensure_migrated(&idem).await?;
+            keys(&idem, &out, action).await
+        }
+        Command::Purge(args) => {
+            admin::ensure_migrated(&idem).await?;
+            purge(&idem, &out, args).await
+        }
+        Command::Stats => {
+            admin::ensure_migrated(&idem).await?;
+            out.stats(&admin::stats(&idem).await?);
+            Ok(())
+        }
+    }
+}
+
+async fn migrate(
+    idem: &Idem,
+    out: &output::Output,
+    action: Option<MigrateAction>,
+) -> Result<(), Failure> {
+    match action.unwrap_or(MigrateAction::Run) {
+        MigrateAction::Run => {
+            let before = admin::migration_status(idem).await?;
+            idem.migrate().await.map_err(|error| {
+                Failure::new(1, "migrate", format!("migration failed: {error}"))
+            })?;
+            let applied: Vec<_> = before.into_iter().filter(|m| !m.applied).collect();
+            out.migrated(idem.config().schema().as_str(), &applied);
+            Ok(())
+        }
+        MigrateAction::Status => {
+            let status = admin::migration_status(idem).await?;
+            out.migrations(&status);
+            let pending = status.iter().filter(|m| !m.applied).count();
+            if pending > 0 {
+                return Err(AdminError::NotMigrated {
+                    schema: idem.config().schema().to_string(),
+                    pending,
+                }
+                .into());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn key_of(key: Option<Uuid>, fields: &[String]) -> Result<Option<Uuid>, Failure> {
+    if let Some(key) = key {
+        return Ok(Some(key));
+    }
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let fields = fields
+        .iter()
+        .map(|field| KeyField::parse(field))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(admin::key_from_fields(&fields)?.as_uuid()))
+}
+
+fn filter(args: &FilterArgs) -> KeyFilter {
+    let mut filter = KeyFilter::new();
+    if let Some(scope) = &args.scope {
+        filter = filter.scope(scope);
+    }
+    for status in &args.statuses {
+        filter = filter.status(*status);
+    }
+    if let Some(age) = args.older_than {
+        filter = filter.older_than(age);
+    }
+    filter
+}
+
+async fn keys(idem: &Idem, out: &output::Output, action: KeysAction) -> Result<(), Failure> {
+    match action {
+        KeysAction::Show(args) => {
+            let key = key_of(args.key, &args.field)?
+                .ok_or_else(|| Failure::usage("give --key or --field"))?;
+            out.key(&admin::show_key(idem, &args.scope, key).await?);
+        }
+        KeysAction::List(args) => {
+            let after = match &args.after {
+                Some(text) => Some(Cursor::parse(text).ok_or_else(|| {
+                    Failure::usage(format!("--after {text:?}: expected <scope>/<key>"))
+                })?),
+                None => None,
+            };
+            let limit = args.limit.max(1);
+            let rows = admin::list_keys(idem, &filter(&args.filter), after.as_ref(), limit).await?;
+            let next = (rows.len() == limit as usize)
+                .then(|| rows.last().map(Cursor::after))
+                .flatten();
+            out.list(&rows, next.as_ref());
+        }
+        KeysAction::Retry(args) => {
+            let selection = selection(&args)?;
+            out.change(
+                "retried",
+                &admin::retry_keys(idem, &selection, args.dry_run).await?,
+            );
+        }
+        KeysAction::Release(args) => {
+            let selection = selection(&args)?;
+            out.change(
+                "released",
+                &admin::release_keys(idem, &selection, args.dry_run).await?,
+            );
+        }
+    }
+    Ok(())
+}
+
+fn selection(args: &ChangeArgs) -> Result<KeyFilter, Failure> {
+    let mut selection = filter(&args.filter);
+    if let Some(key) = key_of(args.key, &args.field)? {
+        selection = selection.key(key);
+    }
+    if selection == KeyFilter::new() && !args.all {
+        return Err(Failure::usage(
+            "select keys with --scope, --key, --field, --status or --older-than, or give --all for every failed and parked key",
+        ));
+    }
+    Ok(selection)
+}
+
+async fn purge(idem: &Idem, out: &output::Output, args: PurgeArgs) -> Result<(), Failure> {
+    let mut retention = Retention::new(args.older_than)
+        .batch_size(args.batch_size)
+        .statement_timeout(args.statement_timeout);
+    for window in &args.scope_window {
+        let (scope, age) = window.rsplit_once('=').ok_or_else(|| {
+            Failure::usage(format!("--scope-window {window:?}: expected SCOPE=AGE"))
+        })?;
+        let age = parse_duration(age).map_err(Failure::usage)?;
+        retention = retention.scope_window(scope, age);
+    }
+    let report = if args.dry_run {
+        idem.purge_dry_run(&retention).await?
+    } else {
+        idem.purge_with(&retention).await?
+    };
+    out.purge(&report);
+    Ok(())
+}

@@ -1,0 +1,310 @@
+//! What the commands print: aligned tables for people, one JSON document with `--json`.
+
+use idem_runtime::admin::{Change, Cursor, KeyRow, MigrationState, Stats};
+use idem_runtime::retention::PurgeReport;
+use serde::Serialize;
+
+/// Writes to stdout; a closed pipe (`idem keys list | head`) ends the output quietly.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// [`out!`] with a newline.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// Where and how results are printed.
+pub struct Output {
+    /// One JSON document instead of tables.
+    pub json: bool,
+}
+
+/// Columns padded to their widest cell.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        padded.join("  ").trim_end().to_owned()
+    };
+    let mut text = line(header.to_vec());
+    text.push('\n');
+    for row in rows {
+        text.push_str(&line(row.iter().map(String::as_str).collect()));
+        text.push('\n');
+    }
+    text
+}
+
+fn time(at: &chrono::DateTime<chrono::Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M:%SZ").to_string()
+}
+
+/// A size in bytes, in the largest unit that keeps it above 1.
+fn size(bytes: i64) -> String {
+    let units = ["B", "kB", "MB", "GB", "TB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
+/// Milliseconds in the largest unit that divides them: `30d`, `36h`, `90s`, `1500ms`.
+fn duration(millis: i64) -> String {
+    for (unit, size) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
+        if millis % size == 0 {
+            return format!("{}{unit}", millis / size);
+        }
+    }
+    format!("{millis}ms")
+}
+
+/// An error text on one line, at most `max` characters.
+fn short(text: &str, max: usize) -> String {
+    let line: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if line.chars().count() > max {
+        format!("{}…", line.chars().take(max - 1).collect::<String>())
+    } else {
+        line
+    }
+}
+
+impl Output {
+    fn json(&self, value: &impl Serialize) {
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(value)
+                .unwrap_or_else(|error| format!("{{\"error\": \"cannot write JSON: {error}\"}}"))
+        );
+    }
+
+    pub fn migrated(&self, schema: &str, applied: &[MigrationState]) {
+        if self.json {
+            self.json(&serde_json::json!({ "schema": schema, "applied": applied }));
+        } else if applied.is_empty() {
+            outln!("schema {schema}: up to date");
+        } else {
+            for migration in applied {
+                outln!("applied {:04} {}", migration.version, migration.description);
+            }
+            outln!("schema {schema}: up to date");
+        }
+    }
+
+    pub fn migrations(&self, migrations: &[MigrationState]) {
+        if self.json {
+            let pending = migrations.iter().filter(|m| !m.applied).count();
+            self.json(&serde_json::json!({ "migrations": migrations, "pending": pending }));
+            return;
+        }
+        let rows: Vec<Vec<String>> = migrations
+            .iter()
+            .map(|m| {
+                vec![
+                    format!("{:04}", m.version),
+                    if m.applied { "applied" } else { "pending" }.to_owned(),
+                    m.description.clone(),
+                ]
+            })
+            .collect();
+        out!("{}", table(&["VERSION", "STATE", "DESCRIPTION"], &rows));
+    }
+
+    pub fn key(&self, row: &KeyRow) {
+        if self.json {
+            self.json(row);
+            return;
+        }
+        let optional = |value: Option<String>| value.unwrap_or_else(|| "-".to_owned());
+        let fields = [
+            ("scope", row.scope.clone()),
+            ("key", row.key.to_string()),
+            ("status", row.status.clone()),
+            ("attempts", row.attempts.to_string()),
+            ("created_at", time(&row.created_at)),
+            ("updated_at", time(&row.updated_at)),
+            ("fingerprint", optional(row.fingerprint.clone())),
+            (
+                "lease_owner",
+                optional(row.lease_owner.map(|o| o.to_string())),
+            ),
+            (
+                "lease_expires_at",
+                optional(row.lease_expires_at.as_ref().map(time)),
+            ),
+            (
+                "result",
+                optional(row.result.as_ref().map(|r| r.to_string())),
+            ),
+            ("last_error", optional(row.last_error.clone())),
+        ];
+        for (name, value) in fields {
+            outln!("{name:<17}{value}");
+        }
+    }
+
+    fn key_rows(rows: &[KeyRow]) -> String {
+        let rows: Vec<Vec<String>> = rows
+            .iter()
+            .map(|row| {
+                vec![
+                    row.scope.clone(),
+                    row.key.to_string(),
+                    row.status.clone(),
+                    row.attempts.to_string(),
+                    time(&row.updated_at),
+                    short(row.last_error.as_deref().unwrap_or(""), 60),
+                ]
+            })
+            .collect();
+        table(
+            &[
+                "SCOPE",
+                "KEY",
+                "STATUS",
+                "ATTEMPTS",
+                "UPDATED",
+                "LAST ERROR",
+            ],
+            &rows,
+        )
+    }
+
+    pub fn list(&self, rows: &[KeyRow], next: Option<&Cursor>) {
+        if self.json {
+            self.json(&serde_json::json!({
+                "keys": rows,
+                "next": next.map(ToString::to_string),
+            }));
+            return;
+        }
+        out!("{}", Self::key_rows(rows));
+        match next {
+            Some(cursor) => outln!("more: --after '{cursor}'"),
+            None => outln!("{} key(s)", rows.len()),
+        }
+    }
+
+    pub fn change(&self, verb: &str, change: &Change) {
+        if self.json {
+            self.json(&serde_json::json!({
+                "dry_run": change.dry_run,
+                "count": change.keys.len(),
+                "keys": change.keys,
+            }));
+            return;
+        }
+        if !change.keys.is_empty() {
+            out!("{}", Self::key_rows(&change.keys));
+        }
+        if change.dry_run {
+            outln!("dry run: {} key(s) would be {verb}", change.keys.len());
+        } else {
+            outln!("{} key(s) {verb}", change.keys.len());
+        }
+    }
+
+    pub fn purge(&self, report: &PurgeReport) {
+        if self.json {
+            self.json(report);
+            return;
+        }
+        if report.locked_out {
+            outln!("another cleaner of this status table is running: nothing deleted");
+            return;
+        }
+        let rows: Vec<Vec<String>> = report
+            .by_scope
+            .iter()
+            .map(|(scope, count)| vec![scope.clone(), count.to_string()])
+            .collect();
+        if !rows.is_empty() {
+            out!("{}", table(&["SCOPE", "KEYS"], &rows));
+        }
+        if report.dry_run {
+            outln!("dry run: {} key(s) would be deleted", report.deleted);
+        } else {
+            outln!(
+                "deleted {} key(s) in {} batch(es), {} timeout(s), {} ms{}",
+                report.deleted,
+                report.batches,
+                report.timeouts,
+                report.elapsed_ms,
+                if report.finished {
+                    ""
+                } else {
+                    " (stopped early: run again)"
+                }
+            );
+        }
+    }
+
+    pub fn stats(&self, stats: &Stats) {
+        if self.json {
+            self.json(stats);
+            return;
+        }
+        let rows: Vec<Vec<String>> = stats
+            .counts
+            .iter()
+            .map(|count| {
+                vec![
+                    count.scope.clone(),
+                    count.status.clone(),
+                    count.count.to_string(),
+                    time(&count.oldest),
+                ]
+            })
+            .collect();
+        out!("{}", table(&["SCOPE", "STATUS", "KEYS", "OLDEST"], &rows));
+        outln!("total keys: {}", stats.total);
+        match &stats.oldest_lease {
+            Some(lease) => outln!(
+                "oldest lease in progress: {} {} since {}{}",
+                lease.scope,
+                lease.key,
+                time(&lease.since),
+                if lease.expired { " (expired)" } else { "" }
+            ),
+            None => outln!("oldest lease in progress: none"),
+        }
+        outln!("table size: {}", size(stats.table_bytes));
+        for window in &stats.windows {
+            outln!(
+                "retention of {}: {} (declared by its handler)",
+                window.scope,
+                duration(window.retention_ms)
+            );
+        }
+    }
+}

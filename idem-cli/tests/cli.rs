@@ -1,0 +1,798 @@
+//! The `idem` binary, run as a process against a throwaway database: each command's output
+//! (tables and `--json`) and exit code, and its errors: a bad URL, an unreachable
+//! database, a missing schema, an unknown key; a password never shows.
+use std::process::Command;
+
+use idem_runtime::{Idem, idempotent};
+use serde_json::Value;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{PgConnection, PgPool};
+
+#[derive(Debug, Clone)]
+struct Shipment {
+    order_id: String,
+    seq: i64,
+    refuse: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("carrier refused the shipment")]
+struct Refused;
+
+#[idempotent(key = "order_id, seq", scope = "cli::ship", max_attempts = 2)]
+async fn ship(tx: &mut PgConnection, shipment: &Shipment) -> Result<(), Refused> {
+    if shipment.refuse {
+        return Err(Refused);
+    }
+    sqlx::query("INSERT INTO shipments (order_id, seq) VALUES ($1, $2)")
+        .bind(&shipment.order_id)
+        .bind(shipment.seq)
+        .execute(tx)
+        .await
+        .map(drop)
+        .map_err(|_| Refused)
+}
+
+fn shipment(order_id: &str, seq: i64) -> Shipment {
+    Shipment {
+        order_id: order_id.to_owned(),
+        seq,
+        refuse: false,
+    }
+}
+
+fn refused(order_id: &str) -> Shipment {
+    Shipment {
+        refuse: true,
+        ..shipment(order_id, 1)
+    }
+}
+
+/// The URL of the test's database, with `password` (ignored by trust authentication).
+fn url(pool: &PgPool, password: Option<&str>) -> String {
+    let options: std::sync::Arc<PgConnectOptions> = pool.connect_options();
+    let user = options.get_username();
+    let credentials = match password {
+        Some(password) => format!("{user}:{password}"),
+        None => user.to_owned(),
+    };
+    format!(
+        "postgres://{credentials}@{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().expect("the test database's name")
+    )
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|error| panic!("not JSON ({error}): {}", self.stdout))
+    }
+}
+
+/// Runs `idem -D url args...`, without the environment's `DATABASE_URL` and libpq variables.
+fn idem(url: &str, args: &[&str]) -> Run {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idem"));
+    for variable in [
+        "DATABASE_URL",
+        "PGHOST",
+        "PGPORT",
+        "PGUSER",
+        "PGPASSWORD",
+        "PGDATABASE",
+    ] {
+        command.env_remove(variable);
+    }
+    let output = command
+        .arg("-D")
+        .arg(url)
+        .args(args)
+        .output()
+        .expect("run idem");
+    Run {
+        code: output.status.code().expect("an exit code"),
+        stdout: String::from_utf8(output.stdout).unwrap(),
+        stderr: String::from_utf8(output.stderr).unwrap(),
+    }
+}
+
+#[track_caller]
+fn ok(run: Run) -> Run {
+    assert_eq!(
+        run.code, 0,
+        "stdout: {}\nstderr: {}",
+        run.stdout, run.stderr
+    );
+    run
+}
+
+/// A migrated status table with: shipments o-1..o-5 (seq 1) succeeded, o-failed failed
+/// once, o-parked parked.
+async fn setup(pool: &PgPool) -> Idem {
+    let idem = Idem::new(pool.clone());
+    idem.migrate().await.unwrap();
+    sqlx::query("CREATE TABLE shipments (order_id text NOT NULL, seq bigint NOT NULL)")
+        .execute(pool)
+        .await
+        .unwrap();
+    for i in 1..=5 {
+        assert!(
+            ship(&idem, &shipment(&format!("o-{i}"), 1))
+                .await
+                .unwrap()
+                .is_executed()
+        );
+    }
+    assert!(ship(&idem, &refused("o-failed")).await.is_err());
+    for _ in 0..2 {
+        assert!(ship(&idem, &refused("o-parked")).await.is_err());
+    }
+    idem
+}
+
+fn key_of(order_id: &str, seq: i64) -> uuid::Uuid {
+    idem_runtime::key::KeyBuilder::new()
+        .part("order_id", order_id)
+        .unwrap()
+        .part("seq", &seq)
+        .unwrap()
+        .finish()
+        .as_uuid()
+}
+
+async fn shipments(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM shipments")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrations = false)]
+async fn migrate_applies_and_status_exits_non_zero_while_pending(pool: PgPool) {
+    let url = url(&pool, None);
+    let pending = idem(&url, &["migrate", "status", "--json"]);
+    assert_eq!(pending.code, 5, "{}", pending.stderr);
+    let document = pending.json();
+    assert!(document["pending"].as_u64().unwrap() >= 7, "{document}");
+    assert_eq!(document["migrations"][0]["version"], 1);
+    assert_eq!(document["migrations"][0]["applied"], false);
+    let human = idem(&url, &["migrate", "status"]);
+    assert_eq!(human.code, 5);
+    assert!(
+        human
+            .stdout
+            .starts_with("VERSION  STATE    DESCRIPTION\n0001     pending  create idem keys"),
+        "{}",
+        human.stdout
+    );
+    assert!(human.stderr.contains("not migrated"), "{}", human.stderr);
+
+    let applied = ok(idem(&url, &["migrate"]));
+    assert!(
+        applied.stdout.contains("applied 0001 create idem keys"),
+        "{}",
+        applied.stdout
+    );
+    assert!(
+        applied.stdout.ends_with("schema idem: up to date\n"),
+        "{}",
+        applied.stdout
+    );
+    let status = ok(idem(&url, &["migrate", "status", "--json"])).json();
+    assert_eq!(status["pending"], 0);
+    let again = ok(idem(&url, &["migrate", "run", "--json"])).json();
+    assert_eq!(again["applied"].as_array().unwrap().len(), 0, "{again}");
+
+    // Another schema: migrated separately.
+    let other = idem(&url, &["--schema", "billing_idem", "migrate", "status"]);
+    assert_eq!(other.code, 5);
+    ok(idem(&url, &["--schema", "billing_idem", "migrate"]));
+    ok(idem(
+        &url,
+        &["--schema", "billing_idem", "migrate", "status"],
+    ));
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_missing_schema_is_exit_code_5(pool: PgPool) {
+    let url = url(&pool, None);
+    for args in [
+        &["keys", "list"][..],
+        &["stats"],
+        &["purge", "--dry-run"],
+        &[
+            "keys",
+            "show",
+            "--scope",
+            "s",
+            "--key",
+            "00000000-0000-8000-8000-000000000000",
+        ],
+    ] {
+        let run = idem(&url, args);
+        assert_eq!(run.code, 5, "{args:?}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("schema `idem` is not migrated"),
+            "{}",
+            run.stderr
+        );
+        assert!(run.stdout.is_empty());
+    }
+    let json = idem(&url, &["stats", "--json"]);
+    assert_eq!(json.code, 5);
+    let error: Value = serde_json::from_str(json.stderr.trim()).unwrap();
+    assert_eq!(error["kind"], "not_migrated");
+    // An invalid schema name is refused before any SQL.
+    assert_eq!(idem(&url, &["--schema", "x; drop", "stats"]).code, 2);
+}
+
+#[sqlx::test(migrations = false)]
+async fn keys_show_finds_a_key_by_id_or_by_field_values(pool: PgPool) {
+    let _idem = setup(&pool).await;
+    let url = url(&pool, None);
+    let key = key_of("o-1", 1).to_string();
+
+    let by_fields = ok(idem(
+        &url,
+        &[
+            "keys",
+            "show",
+            "--scope",
+            "cli::ship",
+            "--field",
+            "order_id=o-1",
+            "--field",
+            "seq:int=1",
+            "--json",
+        ],
+    ))
+    .json();
+    assert_eq!(by_fields["key"], key.as_str());
+    assert_eq!(by_fields["status"], "success");
+    assert_eq!(by_fields["attempts"], 1);
+
+    let by_id = ok(idem(
+        &url,
+        &["keys", "show", "--scope", "cli::ship", "--key", &key],
+    ));
+    assert!(
+        by_id.stdout.contains(&format!("key              {key}\n")),
+        "{}",
+        by_id.stdout
+    );
+    assert!(
+        by_id.stdout.contains("status           success\n"),
+        "{}",
+        by_id.stdout
+    );
+
+    let parked = ok(idem(
+        &url,
+        &[
+            "keys",
+            "show",
+            "--scope",
+            "cli::ship",
+            "--field",
+            "order_id=o-parked",
+            "--field",
+            "seq:int=1",
+            "--json",
+        ],
+    ))
+    .json();
+    assert_eq!(parked["status"], "parked");
+    assert_eq!(parked["last_error"], "carrier refused the shipment");
+
+    // The same values typed as a string make another key, which does not exist.
+    let unknown = idem(
+        &url,
+        &[
+            "keys",
+            "show",
+            "--scope",
+            "cli::ship",
+            "--field",
+            "order_id=o-1",
+            "--field",
+            "seq=1",
+        ],
+    );
+    assert_eq!(unknown.code, 6, "{}", unknown.stderr);
+    assert!(
+        unknown.stderr.contains("no key") && unknown.stderr.contains("cli::ship"),
+        "{}",
+        unknown.stderr
+    );
+    let other_scope = idem(
+        &url,
+        &["keys", "show", "--scope", "cli::other", "--key", &key],
+    );
+    assert_eq!(other_scope.code, 6);
+    let bad_field = idem(
+        &url,
+        &[
+            "keys",
+            "show",
+            "--scope",
+            "cli::ship",
+            "--field",
+            "seq:int=x",
+        ],
+    );
+    assert_eq!(bad_field.code, 2, "{}", bad_field.stderr);
+}
+
+#[sqlx::test(migrations = false)]
+async fn keys_list_filters_and_pages(pool: PgPool) {
+    let _idem = setup(&pool).await;
+    let url = url(&pool, None);
+
+    let all = ok(idem(&url, &["keys", "list", "--json"])).json();
+    assert_eq!(all["keys"].as_array().unwrap().len(), 7);
+    assert!(all["next"].is_null());
+
+    // Pages of 3, following the cursor: every key once, in order.
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut args = vec!["keys", "list", "--limit", "3", "--json"];
+        if let Some(cursor) = &after {
+            args.extend(["--after", cursor.as_str()]);
+        }
+        let page = ok(idem(&url, &args)).json();
+        for key in page["keys"].as_array().unwrap() {
+            seen.push(key["key"].as_str().unwrap().to_owned());
+        }
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(seen.len(), 7);
+    assert_eq!(seen, sorted);
+
+    let problems = ok(idem(
+        &url,
+        &[
+            "keys", "list", "--status", "failed", "--status", "parked", "--json",
+        ],
+    ))
+    .json();
+    let statuses: Vec<&str> = problems["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|key| key["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses.len(), 2);
+    assert!(statuses.contains(&"failed") && statuses.contains(&"parked"));
+
+    // Age: one key two hours old.
+    sqlx::query("UPDATE idem.idem_keys SET updated_at = now() - interval '2 hours' WHERE key = $1")
+        .bind(key_of("o-3", 1))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let old = ok(idem(
+        &url,
+        &["keys", "list", "--older-than", "1h", "--json"],
+    ))
+    .json();
+    assert_eq!(old["keys"].as_array().unwrap().len(), 1);
+    assert_eq!(old["keys"][0]["key"], key_of("o-3", 1).to_string().as_str());
+
+    let human = ok(idem(
+        &url,
+        &["keys", "list", "--scope", "cli::ship", "--limit", "2"],
+    ));
+    let mut lines = human.stdout.lines();
+    assert!(
+        lines.next().unwrap().starts_with("SCOPE      KEY"),
+        "{}",
+        human.stdout
+    );
+    assert_eq!(lines.clone().count(), 3, "{}", human.stdout);
+    assert!(
+        human.stdout.contains("more: --after 'cli::ship/"),
+        "{}",
+        human.stdout
+    );
+    assert_eq!(idem(&url, &["keys", "list", "--status", "done"]).code, 2);
+}
+
+#[sqlx::test(migrations = false)]
+async fn keys_retry_and_release_change_failed_and_parked_keys(pool: PgPool) {
+    let idem_handle = setup(&pool).await;
+    let url = url(&pool, None);
+    let parked = key_of("o-parked", 1).to_string();
+
+    // Nothing selected: refused.
+    let unselected = idem(&url, &["keys", "retry"]);
+    assert_eq!(unselected.code, 2, "{}", unselected.stderr);
+    assert!(unselected.stderr.contains("--all"), "{}", unselected.stderr);
+
+    // A dry run shows the key and changes nothing.
+    let dry = ok(idem(
+        &url,
+        &[
+            "keys",
+            "retry",
+            "--scope",
+            "cli::ship",
+            "--key",
+            &parked,
+            "--dry-run",
+            "--json",
+        ],
+    ))
+    .json();
+    assert_eq!(
+        (dry["dry_run"].as_bool(), dry["count"].as_u64()),
+        (Some(true), Some(1))
+    );
+    assert_eq!(dry["keys"][0]["status"], "parked");
+    let still = ok(idem(
+        &url,
+        &[
+            "keys",
+            "show",
+            "--scope",
+            "cli::ship",
+            "--key",
+            &parked,
+            "--json",
+        ],
+    ))
+    .json();
+    assert_eq!(still["status"], "parked");
+
+    // Retried: the next delivery runs the body again.
+    let retried = ok(idem(
+        &url,
+        &["keys", "retry", "--scope", "cli::ship", "--key", &parked],
+    ));
+    assert!(
+        retried.stdout.ends_with("1 key(s) retried\n"),
+        "{}",
+        retried.stdout
+    );
+    let now = ok(idem(
+        &url,
+        &[
+            "keys",
+            "show",
+            "--scope",
+            "cli::ship",
+            "--key",
+            &parked,
+            "--json",
+        ],
+    ))
+    .json();
+    assert_eq!(
+        (now["status"].as_str(), now["attempts"].as_i64()),
+        (Some("failed"), Some(0))
+    );
+    let before = shipments(&pool).await;
+    assert!(
+        ship(&idem_handle, &shipment("o-parked", 1))
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    assert_eq!(shipments(&pool).await, before + 1);
+
+    // A succeeded key cannot be retried or released; an unknown one is exit code 6.
+    let success = key_of("o-1", 1).to_string();
+    let wrong = idem(
+        &url,
+        &["keys", "release", "--scope", "cli::ship", "--key", &success],
+    );
+    assert_eq!(wrong.code, 7, "{}", wrong.stderr);
+    assert!(wrong.stderr.contains("is `success`"), "{}", wrong.stderr);
+    let unknown = idem(
+        &url,
+        &[
+            "keys",
+            "retry",
+            "--scope",
+            "cli::ship",
+            "--field",
+            "order_id=nope",
+            "--field",
+            "seq:int=1",
+        ],
+    );
+    assert_eq!(unknown.code, 6, "{}", unknown.stderr);
+    let not_releasable = idem(&url, &["keys", "release", "--status", "success"]);
+    assert_eq!(not_releasable.code, 2, "{}", not_releasable.stderr);
+
+    // Bulk: every failed key, dry run first.
+    for i in 0..3 {
+        assert!(
+            ship(&idem_handle, &refused(&format!("o-bulk-{i}")))
+                .await
+                .is_err()
+        );
+    }
+    let preview = ok(idem(
+        &url,
+        &["keys", "release", "--status", "failed", "--dry-run"],
+    ));
+    assert!(
+        preview
+            .stdout
+            .ends_with("dry run: 4 key(s) would be released\n"),
+        "{}",
+        preview.stdout
+    );
+    let released = ok(idem(&url, &["keys", "release", "--all", "--json"])).json();
+    assert_eq!(
+        (released["dry_run"].as_bool(), released["count"].as_u64()),
+        (Some(false), Some(4))
+    );
+    let left = ok(idem(&url, &["keys", "list", "--json"])).json();
+    assert!(
+        left["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|key| key["status"] == "success"),
+        "{left}"
+    );
+    // Released: a delivery is a first delivery again.
+    assert!(
+        ship(&idem_handle, &shipment("o-bulk-0", 1))
+            .await
+            .unwrap()
+            .is_executed()
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn purge_and_stats_report_the_status_table(pool: PgPool) {
+    let _idem = setup(&pool).await;
+    let url = url(&pool, None);
+    // o-1 and o-2 succeeded 10 days ago; the parked key is as old, and stays.
+    sqlx::query(
+        "UPDATE idem.idem_keys SET created_at = now() - interval '10 days', updated_at = now() - interval '10 days' \
+         WHERE key = ANY($1)",
+    )
+    .bind(vec![key_of("o-1", 1), key_of("o-2", 1), key_of("o-parked", 1)])
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let stats = ok(idem(&url, &["stats", "--json"])).json();
+    assert_eq!(stats["total"], 7);
+    let counts = stats["counts"].as_array().unwrap();
+    let count_of = |status: &str| {
+        counts
+            .iter()
+            .find(|count| count["scope"] == "cli::ship" && count["status"] == status)
+            .map(|count| count["count"].as_i64().unwrap())
+    };
+    assert_eq!(
+        (count_of("success"), count_of("failed"), count_of("parked")),
+        (Some(5), Some(1), Some(1))
+    );
+    assert!(stats["table_bytes"].as_i64().unwrap() > 0);
+    assert!(stats["oldest_lease"].is_null());
+    assert_eq!(stats["windows"], serde_json::json!([]));
+    // A window declared by a handler (as `retention = "30d"` records it).
+    sqlx::query("UPDATE idem.idem_scopes SET retention_ms = 2592000000 WHERE scope = 'cli::ship'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let human = ok(idem(&url, &["stats"]));
+    assert!(
+        human
+            .stdout
+            .contains("retention of cli::ship: 30d (declared by its handler)\n"),
+        "{}",
+        human.stdout
+    );
+    assert!(
+        human
+            .stdout
+            .starts_with("SCOPE      STATUS   KEYS  OLDEST\n"),
+        "{}",
+        human.stdout
+    );
+    assert!(human.stdout.contains("total keys: 7\n"), "{}", human.stdout);
+    assert!(human.stdout.contains("table size: "), "{}", human.stdout);
+
+    let kept = ok(idem(&url, &["purge", "--dry-run", "--json"])).json();
+    assert_eq!(
+        kept["deleted"], 0,
+        "the handler's 30 days keep them: {kept}"
+    );
+    sqlx::query("UPDATE idem.idem_scopes SET retention_ms = NULL")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let dry = ok(idem(&url, &["purge", "--dry-run", "--json"])).json();
+    assert_eq!(
+        (dry["dry_run"].as_bool(), dry["deleted"].as_u64()),
+        (Some(true), Some(2))
+    );
+    assert_eq!(ok(idem(&url, &["stats", "--json"])).json()["total"], 7);
+
+    // A scope window of its own keeps them.
+    let kept = ok(idem(
+        &url,
+        &["purge", "--scope-window", "cli::ship=30d", "--json"],
+    ))
+    .json();
+    assert_eq!(kept["deleted"], 0);
+
+    let purged = ok(idem(&url, &["purge", "--batch-size", "1"]));
+    assert!(
+        purged.stdout.contains("cli::ship  2\n")
+            && purged
+                .stdout
+                .contains("deleted 2 key(s) in 3 batch(es), 0 timeout(s)"),
+        "{}",
+        purged.stdout
+    );
+    let after = ok(idem(&url, &["stats", "--json"])).json();
+    assert_eq!(after["total"], 5);
+    // Shorter than the default: the recent successes go too.
+    let short = ok(idem(&url, &["purge", "--older-than", "0s", "--json"])).json();
+    assert_eq!(short["deleted"], 3, "{short}");
+    assert_eq!(idem(&url, &["purge", "--older-than", "soon"]).code, 2);
+}
+
+#[sqlx::test(migrations = false)]
+async fn bad_urls_and_unreachable_databases_have_their_exit_codes_and_never_show_a_password(
+    pool: PgPool,
+) {
+    let _idem = setup(&pool).await;
+    let secret = "Sup3r-S3cret-Pa55";
+    let with_password = url(&pool, Some(secret));
+    let options: std::sync::Arc<PgConnectOptions> = pool.connect_options();
+    let (host, port) = (options.get_host().to_owned(), options.get_port());
+
+    let runs = [
+        // Trust authentication ignores the password: the commands work.
+        (0, idem(&with_password, &["stats"])),
+        (0, idem(&with_password, &["keys", "list", "--json"])),
+        (
+            6,
+            idem(
+                &with_password,
+                &["keys", "show", "--scope", "cli::ship", "--field", "nope"],
+            ),
+        ),
+        // Not a URL, another scheme, a bad port.
+        (
+            3,
+            idem(
+                &format!("postgres://app:{secret}@{host}:notaport/db"),
+                &["stats"],
+            ),
+        ),
+        (
+            3,
+            idem(&format!("mysql://app:{secret}@{host}/db"), &["stats"]),
+        ),
+        (
+            3,
+            idem(
+                &format!("postgres://app:{secret}@{host}:{port}/db?sslmode=sometimes"),
+                &["stats"],
+            ),
+        ),
+        // Nothing listening; a database that does not exist.
+        (
+            4,
+            idem(
+                &format!("postgres://app:{secret}@127.0.0.1:1/db"),
+                &["stats", "--json"],
+            ),
+        ),
+        (
+            4,
+            idem(
+                &format!("postgres://postgres:{secret}@{host}:{port}/no_such_db_here"),
+                &["stats"],
+            ),
+        ),
+    ];
+    for (expected, run) in &runs {
+        assert_eq!(
+            run.code, *expected,
+            "stdout: {}\nstderr: {}",
+            run.stdout, run.stderr
+        );
+        assert!(!run.stdout.contains(secret), "{}", run.stdout);
+        assert!(!run.stderr.contains(secret), "{}", run.stderr);
+    }
+    let bad = &runs[3].1;
+    assert!(
+        bad.stderr
+            .contains("invalid database URL postgres://app:***@"),
+        "{}",
+        bad.stderr
+    );
+    let refused: Value = serde_json::from_str(runs[6].1.stderr.trim()).unwrap();
+    assert_eq!(refused["kind"], "connect");
+    assert!(
+        runs[7].1.stderr.contains("no_such_db_here"),
+        "{}",
+        runs[7].1.stderr
+    );
+
+    // The libpq variables, when no URL is given.
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .env_remove("DATABASE_URL")
+        .env("PGHOST", &host)
+        .env("PGPORT", port.to_string())
+        .env("PGUSER", options.get_username())
+        .env("PGPASSWORD", secret)
+        .env("PGDATABASE", options.get_database().unwrap())
+        .args(["stats", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stats: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(stats["total"], 7);
+    // PGPASSWORD is redacted from errors too.
+    let output = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .env_remove("DATABASE_URL")
+        .env("PGHOST", "127.0.0.1")
+        .env("PGPORT", "1")
+        .env("PGPASSWORD", secret)
+        .arg("stats")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(4));
+    assert!(!String::from_utf8_lossy(&output.stderr).contains(secret));
+}
+
+#[sqlx::test(migrations = false)]
+async fn sslmode_in_the_url_connects_over_tls(pool: PgPool) {
+    let _idem = setup(&pool).await;
+    let ssl: String = sqlx::query_scalar("SHOW ssl")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let plain = url(&pool, None);
+    let require = idem(&format!("{plain}?sslmode=require"), &["stats", "--json"]);
+    let verify = idem(&format!("{plain}?sslmode=verify-full"), &["stats"]);
+    if ssl == "on" {
+        // Encrypted without checking the certificate; checked against the webpki roots,
+        // the server's own certificate is refused.
+        assert_eq!(require.code, 0, "{}", require.stderr);
+        assert_eq!(require.json()["total"], 7);
+        assert_eq!(verify.code, 4, "{}", verify.stderr);
+        assert!(verify.stderr.contains("certificate"), "{}", verify.stderr);
+    } else {
+        // The server has no TLS: the client asked for it (it is built with TLS support).
+        for run in [&require, &verify] {
+            assert_eq!(run.code, 4, "{}", run.stderr);
+            assert!(run.stderr.contains("TLS"), "{}", run.stderr);
+            assert!(
+                !run.stderr.contains("without TLS support"),
+                "{}",
+                run.stderr
+            );
+        }
+    }
+    ok(idem(&format!("{plain}?sslmode=disable"), &["stats"]));
+}

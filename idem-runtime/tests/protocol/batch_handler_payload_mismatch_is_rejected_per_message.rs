@@ -1,0 +1,50 @@
+//! A batch handler with a fingerprint rejects, message by message, a key seen before with another payload (in the status table or earlier in the same batch) with `PayloadMismatch`, without giving that message to the body.
+use crate::support::batch as batch_handler_support;
+
+use crate::support::orders::OrderEvent;
+use crate::support::testing;
+use batch_handler_support::{Calls, all_ok, effects, ids, insert_all, paid_batch};
+use idem_runtime::{Disposition, Error, Outcome, idempotent};
+use sqlx::{PgConnection, PgPool};
+
+#[idempotent(key = "order_id, event_type", fingerprint = "amount_cents")]
+async fn record_orders(
+    tx: &mut PgConnection,
+    events: &[&OrderEvent],
+    calls: &Calls,
+) -> Result<(), sqlx::Error> {
+    calls.record(events);
+    insert_all(tx, events).await
+}
+
+#[sqlx::test(migrations = false)]
+async fn same_key_with_another_payload_is_rejected_per_message(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    let calls = Calls::default();
+    all_ok(record_orders(&idem, &paid_batch(&[("a", 100)]), &calls).await);
+
+    let batch = paid_batch(&[
+        ("a", 999),
+        ("b", 5),
+        ("c", 1),
+        ("b", 6),
+        ("b", 5),
+        ("a", 999),
+    ]);
+    let outcomes = record_orders(&idem, &batch, &calls).await;
+    let mismatch = |outcome: &Result<Outcome<()>, Error<sqlx::Error>>| matches!(outcome, Err(error @ Error::PayloadMismatch { .. }) if error.disposition() == Disposition::DeadLetter);
+    // Against the status table.
+    assert!(mismatch(&outcomes[0]), "{:?}", outcomes[0]);
+    assert_eq!(outcomes[1].as_ref().unwrap(), &Outcome::Executed(()));
+    assert_eq!(outcomes[2].as_ref().unwrap(), &Outcome::Executed(()));
+    // Against the first message of the batch with the key.
+    assert!(mismatch(&outcomes[3]), "{:?}", outcomes[3]);
+    assert_eq!(outcomes[4].as_ref().unwrap(), &Outcome::Duplicate(None));
+    assert!(mismatch(&outcomes[5]), "{:?}", outcomes[5]);
+
+    assert_eq!(calls.all(), vec![ids(&["a"]), ids(&["b", "c"])]);
+    assert_eq!(
+        effects(&pool).await,
+        vec![("a".into(), 100), ("b".into(), 5), ("c".into(), 1)]
+    );
+}

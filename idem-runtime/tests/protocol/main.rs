@@ -1,0 +1,45 @@
+//! The protocol over PostgreSQL, one module per scenario: new keys, duplicates, failures
+//! and parking, concurrency, killed connections, lease mode, batch handlers, and the
+//! ways an effect could be lost silently.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod batch_handler_body_runs_once_with_the_new_messages_in_order;
+mod batch_handler_concurrent_overlapping_batches_apply_each_message_once;
+mod batch_handler_duplicates_against_the_table_skip_the_body;
+mod batch_handler_duplicates_inside_one_batch_share_the_first_outcome;
+mod batch_handler_failing_message_is_recorded_alone;
+mod batch_handler_missing_key_value_fails_that_message_only;
+mod batch_handler_payload_mismatch_is_rejected_per_message;
+mod batch_handler_rollback_cases_fall_back_to_one_by_one;
+mod batch_smoke;
+mod concurrent_deliveries_execute_once;
+mod dropped_future_leaves_no_claim;
+mod dropped_mid_statement_holds_claim_until_it_ends;
+mod duplicate_of_success_writes_nothing;
+mod failed_handler_rolls_back_and_retries;
+mod fingerprint_option_none_is_a_value_not_a_missing_key;
+mod in_progress_after_lock_timeout;
+mod killed_connection_leaves_no_claim;
+mod lease_concurrent_duplicates_get_in_progress;
+mod lease_dead_worker_blocks_key_until_expiry;
+mod lease_expiry_uses_the_database_clock;
+mod lease_extend_keeps_the_claim;
+mod lease_failure_releases_the_lease;
+mod lease_parked_after_max_attempts;
+mod lease_payload_mismatch_is_rejected;
+mod lease_stale_worker_is_fenced_off;
+mod lease_success_is_recorded_and_replayed;
+mod least_privilege_consumer_role;
+mod missing_key_value_is_rejected;
+mod no_silent_loss;
+mod parked_after_max_attempts;
+mod payload_mismatch_is_rejected;
+mod raw_identifier_handler_keeps_its_name;
+mod schema_is_configurable;
+mod scopes_are_independent;
+mod stored_result_is_replayed;
+mod swallowed_error_is_not_executed;
+mod transient_failures_are_retried;
+mod unit_result_duplicates_get_some_unit;
