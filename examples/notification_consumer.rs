@@ -1,41 +1,124 @@
 //! A side-effect consumer: for every paid order event, a "payment received" notification
-//! goes to an external notification service through a lease-mode `#[idempotent]` handler
-//! (`notify_payment`). The effect cannot be rolled back, so it is at-least-once and the
-//! service deduplicates on the idempotency key it is handed (`lease.key()`) and records
-//! the fencing token of each attempt (`lease.token()`).
+//! goes to an external notification service through a lease-mode `#[idempotent]` handler.
 //!
-//! The service is a stand-in that is honest about what it does: it writes to its own
-//! table, `notifications_sent`, through its own connections, outside any transaction of
-//! idem. `--crash-after N` aborts this process right after its N-th notification went out,
-//! before the key was marked: run a second instance of the group and watch it wait for
-//! the lease, then repeat the notification, which the service absorbs.
+//! The effect cannot be rolled back, so it is at-least-once and the service deduplicates
+//! on the idempotency key it is handed (`lease.key()`) and records the fencing token of
+//! each attempt (`lease.token()`). The service below is a stand-in that is honest about
+//! what it does: it writes to its own table, `notifications_sent`, through its own
+//! connections, outside any transaction of idem. `--crash-after N` aborts this process
+//! right after its N-th notification went out, before the key was marked: run a second
+//! instance of the group and watch it wait for the lease, then repeat the notification,
+//! which the service absorbs.
 //!
 //! ```text
 //! cargo run --example notification_consumer -- --topic orders --group order-notifiers
 //! cargo run --example notification_consumer -- --topic orders --group order-notifiers --crash-after 50
 //! ```
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use idem_runtime::Idem;
-use idem_suite::kafka::consumer::{ConsumerConfig, Stats};
-use idem_suite::kafka::notifications::{
-    self, Crash, LEASE, NotificationConsumer, NotificationService, PaymentNotifications,
-    ServiceSettings,
-};
-use idem_suite::kafka::{self, DEFAULT_BROKERS};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use idem_kafka::{Consumer, Fate, Handler, Position};
+use idem_runtime::lease::Lease;
+use idem_runtime::{Idem, idempotent};
+use serde::Deserialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use uuid::Uuid;
+
+/// An order event, as the producer publishes it (JSON).
+#[derive(Debug, Deserialize)]
+struct OrderEvent {
+    order_id: String,
+    event_type: String,
+    amount_cents: i64,
+    /// The producer's idempotency key: the same for every send of the same fact.
+    event_key: Option<Uuid>,
+}
+
+/// Sends "payment received", once to success per fact. Lease mode: the key is claimed
+/// with a 10-second lease committed on its own, the body calls the service, and the key is
+/// marked `success` only while the lease is still this worker's.
+#[idempotent(
+    key = "event_key",
+    fingerprint = "order_id, event_type, amount_cents",
+    mode = "lease",
+    lease = "10s",
+    max_attempts = 5
+)]
+async fn notify_payment(
+    lease: &Lease,
+    event: &OrderEvent,
+    service: &NotificationService,
+) -> Result<(), sqlx::Error> {
+    service
+        .send(lease.key().as_uuid(), lease.token(), event)
+        .await
+}
+
+/// Paid events are notified; the others need nothing from this consumer.
+struct PaymentNotifications {
+    service: NotificationService,
+}
+
+impl Handler for PaymentNotifications {
+    type Message = OrderEvent;
+
+    fn decode(&self, payload: &[u8]) -> Result<OrderEvent, String> {
+        idem_kafka::decode_json(payload)
+    }
+
+    async fn handle(&self, idem: &Idem, event: &OrderEvent, _: Option<&Position>) -> Fate {
+        if event.event_type != "paid" {
+            return Fate::Skipped;
+        }
+        Fate::of(notify_payment(idem, event, &self.service).await)
+    }
+}
+
+/// The stand-in external service: one row per idempotency key in its own table, a second
+/// call with a known key counted and absorbed, the first and last token kept.
+struct NotificationService {
+    pool: PgPool,
+    sent: AtomicU64,
+    crash_after: Option<u64>,
+}
+
+impl NotificationService {
+    async fn send(&self, key: Uuid, token: Uuid, event: &OrderEvent) -> Result<(), sqlx::Error> {
+        let first: bool = sqlx::query_scalar(
+            "INSERT INTO notifications_sent (idempotency_key, order_id, amount_cents, first_token, last_token)
+             VALUES ($1, $2, $3, $4, $4)
+             ON CONFLICT (idempotency_key) DO UPDATE
+             SET calls = notifications_sent.calls + 1, last_token = $4, last_call_at = now()
+             RETURNING calls = 1",
+        )
+        .bind(key)
+        .bind(&event.order_id)
+        .bind(event.amount_cents)
+        .bind(token)
+        .fetch_one(&self.pool)
+        .await?;
+        if !first {
+            tracing::info!(%key, %token, "notification already delivered; call absorbed");
+        }
+        let sent = self.sent.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.crash_after == Some(sent) {
+            tracing::error!(%key, order_id = %event.order_id, "simulated crash: the notification went out, its key is not marked");
+            std::process::abort();
+        }
+        Ok(())
+    }
+}
 
 /// Sends a notification for every paid order event, once per fact on the service's side.
 #[derive(Debug, Parser)]
-#[command(version)]
 struct Args {
     /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BROKERS", default_value = DEFAULT_BROKERS)]
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     brokers: String,
-    /// PostgreSQL, where idem's status table, the offsets and the dead letters live.
+    /// PostgreSQL: idem's status table, the offsets, the dead letters.
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -43,114 +126,62 @@ struct Args {
     )]
     database_url: String,
     /// The notification service's database (its table `notifications_sent`); by default
-    /// the same server and database, reached through connections of its own.
+    /// the same, through connections of its own.
     #[arg(long, env = "NOTIFICATION_SERVICE_URL")]
     service_url: Option<String>,
     /// The topic of order events.
     #[arg(long, default_value = "orders")]
     topic: String,
-    /// The consumer group: every process started with the same group shares the partitions.
+    /// The consumer group.
     #[arg(long, default_value = "order-notifiers")]
     group: String,
-    /// How long a call of the notification service takes, in milliseconds.
-    #[arg(long, default_value_t = 20)]
-    latency_ms: u64,
-    /// Abort this process right after its N-th notification went out, before its key is
-    /// marked: a crash mid-effect.
+    /// Abort right after the N-th notification went out, before its key is marked.
     #[arg(long)]
     crash_after: Option<u64>,
-    /// A static group membership id (`group.instance.id`): a restarted process with the
-    /// same id takes its predecessor's place and partitions in the group.
+    /// A static group membership id (`group.instance.id`).
     #[arg(long)]
     instance_id: Option<String>,
-    /// Seconds between two progress lines.
-    #[arg(long, default_value_t = 5)]
-    report_every: u64,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    kafka::init_tracing("info,sqlx=warn");
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .init();
     let args = Args::parse();
     let pool = PgPoolOptions::new()
-        .max_connections(3)
         .acquire_timeout(Duration::from_secs(5))
         .connect(&args.database_url)
         .await?;
-    kafka::create_tables(&pool).await?;
+    let service_pool =
+        PgPool::connect(args.service_url.as_deref().unwrap_or(&args.database_url)).await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS notifications_sent (
+            idempotency_key uuid PRIMARY KEY, order_id text NOT NULL, amount_cents bigint NOT NULL,
+            calls integer NOT NULL DEFAULT 1, first_token uuid NOT NULL, last_token uuid NOT NULL,
+            first_call_at timestamptz NOT NULL DEFAULT now(), last_call_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .execute(&service_pool)
+    .await?;
     let idem = Idem::new(pool);
     idem.migrate().await?;
-    let service_options: PgConnectOptions = args
-        .service_url
-        .as_deref()
-        .unwrap_or(&args.database_url)
-        .parse()?;
-    let service = NotificationService::connect(
-        service_options,
-        ServiceSettings {
-            latency: Duration::from_millis(args.latency_ms),
-            crash_after: args.crash_after.map(|n| (n, Crash::Abort)),
-        },
-    )
-    .await?;
-    tracing::info!(
-        lease = ?LEASE, crash_after = ?args.crash_after,
-        "notifying paid orders; a crashed worker's notification is repeated after its lease expires"
-    );
 
-    let stats = Arc::new(Stats::default());
-    let mut config = ConsumerConfig::new(&args.brokers, &args.group, &args.topic);
-    config.client_id = format!("{}-{}", args.group, std::process::id());
+    let service = NotificationService {
+        pool: service_pool,
+        sent: AtomicU64::new(0),
+        crash_after: args.crash_after,
+    };
+    let mut builder = Consumer::builder(&args.brokers, &args.group, &args.topic);
     if let Some(instance) = &args.instance_id {
-        config
-            .extra
-            .push(("group.instance.id".to_owned(), instance.clone()));
+        builder = builder.set("group.instance.id", instance);
     }
-    let consumer = NotificationConsumer::with_handler(
-        idem,
-        config,
-        stats.clone(),
-        PaymentNotifications::new(service.clone()),
-    )?;
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    let member = tokio::spawn(consumer.run(async move {
-        stopped.wait_for(|stop| *stop).await.ok();
-    }));
-
-    let mut report = tokio::time::interval(Duration::from_secs(args.report_every.max(1)));
-    let shutdown = kafka::shutdown_signal();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            _ = report.tick() => {
-                let now = stats.snapshot();
-                let service_side = notifications::summary(service.pool()).await.unwrap_or_default();
-                tracing::info!(
-                    deliveries = now.deliveries, notified = now.executed, duplicates = now.duplicates,
-                    not_paid = now.skipped, in_progress = now.in_progress, retries = now.retries,
-                    dead_letters = now.dead_letters,
-                    service_delivered = service_side.delivered, service_calls = service_side.calls,
-                    service_repeated_keys = service_side.repeated_keys, "progress"
-                );
-            }
-        }
-    }
-    tracing::info!(
-        "shutting down: finishing the current notification, committing offsets, leaving the group"
-    );
-    stop.send(true).ok();
-    member.await??;
-    let now = stats.snapshot();
-    let service_side = notifications::summary(service.pool()).await?;
-    tracing::info!(
-        deliveries = now.deliveries,
-        notified = now.executed,
-        duplicates = now.duplicates,
-        in_progress = now.in_progress,
-        service_delivered = service_side.delivered,
-        service_calls = service_side.calls,
-        "stopped"
-    );
+    let consumer = builder.build(idem, PaymentNotifications { service })?;
+    consumer.migrate().await?;
+    let stats = consumer.stats();
+    consumer.run(idem_kafka::shutdown_signal()).await?;
+    tracing::info!(totals = ?stats.snapshot(), "stopped");
     Ok(())
 }

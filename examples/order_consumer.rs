@@ -1,32 +1,105 @@
-//! A consumer-group member applying order events to PostgreSQL through `#[idempotent]`
-//! handlers: offsets committed only after the handler's transaction, bad messages to the
-//! dead-letter table, retries through database outages, graceful shutdown on Ctrl-C or
-//! SIGTERM. Start it several times (here or on other machines) to scale out.
+//! A consumer-group member applying order events to PostgreSQL, exactly once per event.
+//!
+//! The whole pattern in one file: the event, its `#[idempotent]` handler, and the
+//! `idem-kafka` consumer that hands it every message. Offsets are committed only after
+//! the handler's transaction; bad messages go to the dead-letter table; database outages
+//! are waited out; Ctrl-C or SIGTERM finishes the current message and leaves the group.
+//! Start it several times (here or on other machines) to scale out.
 //!
 //! ```text
 //! cargo run --example order_consumer -- --topic orders --group order-appliers
 //! cargo run --example order_consumer -- --topic orders --group order-appliers --offsets postgres
 //! cargo run --example order_consumer -- --topic orders --group order-appliers --batch-size 500
+//! cargo run --example order_consumer -- --topic orders --metrics 127.0.0.1:9898
 //! ```
 
-use std::sync::Arc;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use idem_runtime::Idem;
-use idem_suite::kafka::consumer::{ConsumerConfig, OffsetStore, OrderConsumer, Stats};
-use idem_suite::kafka::{self, DEFAULT_BROKERS};
+use idem_kafka::{Consumer, Fate, Handler, OffsetStore, Position};
+use idem_runtime::{Idem, idempotent};
+use serde::Deserialize;
+use sqlx::PgConnection;
 use sqlx::postgres::PgPoolOptions;
+use uuid::Uuid;
+
+/// An order event, as the producer publishes it (JSON).
+#[derive(Debug, Deserialize)]
+struct OrderEvent {
+    order_id: String,
+    event_type: String,
+    amount_cents: i64,
+    /// The producer's idempotency key: the same for every send of the same fact.
+    event_key: Option<Uuid>,
+}
+
+/// The business write, once per `event_key` however often the event arrives. The row and
+/// the key's `success` (and, with `--offsets postgres`, the partition's position) commit in
+/// one transaction. `batch = true` also generates `apply_order_event_batch`.
+#[idempotent(
+    key = "event_key",
+    fingerprint = "order_id, event_type, amount_cents",
+    max_attempts = 3,
+    batch = true
+)]
+async fn apply_order_event(
+    tx: &mut PgConnection,
+    event: &OrderEvent,
+    position: Option<&Position>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO order_events_applied (order_id, event_type, amount_cents) VALUES ($1, $2, $3)",
+    )
+    .bind(&event.order_id)
+    .bind(&event.event_type)
+    .bind(event.amount_cents)
+    .execute(&mut *tx)
+    .await?;
+    if let Some(position) = position {
+        position.store(tx).await?;
+    }
+    Ok(())
+}
+
+/// What the consumer does with a message: decode it, apply it, tell the consumer its fate.
+struct OrderEvents;
+
+impl Handler for OrderEvents {
+    type Message = OrderEvent;
+
+    fn decode(&self, payload: &[u8]) -> Result<OrderEvent, String> {
+        idem_kafka::decode_json(payload)
+    }
+
+    async fn handle(&self, idem: &Idem, event: &OrderEvent, position: Option<&Position>) -> Fate {
+        Fate::of(apply_order_event(idem, event, position).await)
+    }
+
+    fn stores_position(&self) -> bool {
+        true
+    }
+
+    async fn handle_batch(
+        &self,
+        idem: &Idem,
+        events: &[OrderEvent],
+        _: Option<&[Position]>,
+    ) -> Vec<Fate> {
+        // One claim statement and one commit for the batch; the consumer stores the
+        // batch's positions after it.
+        let outcomes = apply_order_event_batch(idem, events, None).await;
+        outcomes.into_iter().map(Fate::of).collect()
+    }
+}
 
 /// Applies order events from Kafka to PostgreSQL, exactly once per event.
 #[derive(Debug, Parser)]
-#[command(version)]
 struct Args {
     /// Kafka bootstrap servers.
-    #[arg(long, env = "KAFKA_BROKERS", default_value = DEFAULT_BROKERS)]
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     brokers: String,
-    /// PostgreSQL, where the business tables, idem's status table, the offsets and the
-    /// dead letters live.
+    /// PostgreSQL: the business table, idem's status table, the offsets, the dead letters.
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -39,96 +112,62 @@ struct Args {
     /// The consumer group: every process started with the same group shares the partitions.
     #[arg(long, default_value = "order-appliers")]
     group: String,
-    /// Where processed offsets are kept: `kafka` (committed after each transaction) or
-    /// `postgres` (written by the handler's transaction itself).
+    /// Where processed offsets are kept: `kafka` or `postgres` (by the handler's transaction).
     #[arg(long, default_value_t = OffsetStore::Kafka)]
     offsets: OffsetStore,
-    /// Messages per transaction: 1 applies each message in its own transaction; N > 1
-    /// takes up to N messages (what arrives within 20 ms) and applies them with one
-    /// claim statement and one commit (`apply_order_event_batch`).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-    batch_size: u16,
-    /// A static group membership id (`group.instance.id`; with `--members`, suffixed by the
-    /// member's number): a restarted process with the same id takes its predecessor's
-    /// place and partitions in the group, without waiting for the broker to expire it.
+    /// Messages per transaction (above 1: the batch path).
+    #[arg(long, default_value_t = 1)]
+    batch_size: usize,
+    /// A static group membership id (`group.instance.id`): a restarted process with the
+    /// same id takes its predecessor's place and partitions.
     #[arg(long)]
     instance_id: Option<String>,
-    /// Consumers to run in this process (each its own group member).
-    #[arg(long, default_value_t = 1)]
-    members: usize,
-    /// Seconds between two progress lines.
-    #[arg(long, default_value_t = 5)]
-    report_every: u64,
+    /// Serve idem's metrics for Prometheus at `http://<address>/metrics`.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    kafka::init_tracing("info,sqlx=warn");
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,sqlx=warn".into()),
+        )
+        .init();
     let args = Args::parse();
+    if let Some(address) = args.metrics {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(address)
+            .install()?;
+        tracing::info!("metrics at http://{address}/metrics");
+    }
+
+    // A database outage shows as errors within seconds, and messages are retried.
     let pool = PgPoolOptions::new()
-        .max_connections(args.members as u32 + 2)
-        // A database outage shows up as errors, and messages are retried, within seconds.
         .acquire_timeout(Duration::from_secs(5))
         .connect(&args.database_url)
         .await?;
-    kafka::create_tables(&pool).await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS order_events_applied (
+            order_id text NOT NULL, event_type text NOT NULL, amount_cents bigint NOT NULL,
+            applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .execute(&pool)
+    .await?;
     let idem = Idem::new(pool);
     idem.migrate().await?;
 
-    let stats = Arc::new(Stats::default());
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let mut members = Vec::new();
-    for member in 0..args.members {
-        let mut config = ConsumerConfig::new(&args.brokers, &args.group, &args.topic);
-        config.client_id = format!("{}-{}-{member}", args.group, std::process::id());
-        config.offsets = args.offsets;
-        config.batch_size = usize::from(args.batch_size);
-        if let Some(instance) = &args.instance_id {
-            let instance = if args.members > 1 {
-                format!("{instance}-{member}")
-            } else {
-                instance.clone()
-            };
-            config
-                .extra
-                .push(("group.instance.id".to_owned(), instance));
-        }
-        let consumer = OrderConsumer::new(idem.clone(), config, stats.clone())?;
-        let mut stopped = stopped.clone();
-        members.push(tokio::spawn(consumer.run(async move {
-            stopped.wait_for(|stop| *stop).await.ok();
-        })));
+    let mut builder = Consumer::builder(&args.brokers, &args.group, &args.topic)
+        .offsets(args.offsets)
+        .batch_size(args.batch_size);
+    if let Some(instance) = &args.instance_id {
+        builder = builder.set("group.instance.id", instance);
     }
-
-    let mut report = tokio::time::interval(Duration::from_secs(args.report_every.max(1)));
-    let shutdown = kafka::shutdown_signal();
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            _ = report.tick() => {
-                let now = stats.snapshot();
-                tracing::info!(
-                    deliveries = now.deliveries, applied = now.executed, duplicates = now.duplicates,
-                    dead_letters = now.dead_letters, retries = now.retries, batches = now.batches, "progress"
-                );
-            }
-        }
-    }
-    tracing::info!(
-        "shutting down: finishing the current message (or batch), committing offsets, leaving the group"
-    );
-    stop.send(true).ok();
-    for member in members {
-        member.await??;
-    }
-    let now = stats.snapshot();
-    tracing::info!(
-        deliveries = now.deliveries,
-        applied = now.executed,
-        duplicates = now.duplicates,
-        dead_letters = now.dead_letters,
-        "stopped"
-    );
+    let consumer = builder.build(idem, OrderEvents)?;
+    consumer.migrate().await?;
+    let stats = consumer.stats();
+    consumer.run(idem_kafka::shutdown_signal()).await?;
+    tracing::info!(totals = ?stats.snapshot(), "stopped");
     Ok(())
 }

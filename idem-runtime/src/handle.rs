@@ -13,12 +13,12 @@ use crate::key::IdempotencyKey;
 use crate::scope::Scopes;
 use crate::store::{KeyRecord, Statements};
 
-/// The migrations of the status table (`migrations/` of this repository).
+/// The migrations of the status table (`migrations/` of the crate, packaged with it).
 ///
 /// They create the status table `idem_keys`, the scope owners `idem_scopes` and the
 /// cache namespace `idem_instance` in the current
 /// `search_path`; [`Idem::migrate`] applies them in the configured schema.
-pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 
 /// The runtime handle that idempotent handlers are called with.
 ///
@@ -195,6 +195,42 @@ impl Idem {
         let mut conn = self.pool().acquire().await?;
         self.statements()
             .record(&mut conn, scope, key.as_uuid())
+            .await
+    }
+
+    /// Which of `keys` are done in `scope`, as `conn` sees the status table: `true` for a
+    /// key whose row is `success` with the given payload fingerprint (or without one on
+    /// either side), `false` for a key without a row, in progress, failed, parked or first
+    /// applied with another payload. One answer per key, in order.
+    ///
+    /// Pass the connection of an open transaction (a batch handler's body, say) to see
+    /// the keys that transaction claimed as well as those committed before it; a plain
+    /// read: no lock, no wait, no write. This is how a Kafka adapter knows how far a
+    /// batch's offsets may be stored without passing a message that is not done.
+    ///
+    /// ```no_run
+    /// # async fn f(idem: &idem_runtime::Idem, key: idem_runtime::IdempotencyKey) -> Result<(), sqlx::Error> {
+    /// let mut tx = idem.pool().begin().await?;
+    /// let done = idem.done_keys(&mut tx, "apply_payment", &[(key, None)]).await?;
+    /// assert_eq!(done.len(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn done_keys(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        keys: &[(IdempotencyKey, Option<[u8; 32]>)],
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let uuids: Vec<uuid::Uuid> = keys.iter().map(|(key, _)| key.as_uuid()).collect();
+        let fingerprints: Vec<Option<Vec<u8>>> = keys
+            .iter()
+            .map(|(_, fingerprint)| fingerprint.map(|digest| digest.to_vec()))
+            .collect();
+        self.statements()
+            .done(conn, scope, &uuids, &fingerprints)
             .await
     }
 

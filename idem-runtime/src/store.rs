@@ -150,6 +150,7 @@ pub(crate) struct Statements {
     record_failure: String,
     park_committed: String,
     record: String,
+    done: String,
     reset: String,
     claim_lease: String,
     read_lease: String,
@@ -241,6 +242,14 @@ impl Statements {
             record: format!(
                 "SELECT scope, key, status, attempts, last_error, result, created_at, updated_at \
                  FROM {table} WHERE scope = $1 AND key = $2"
+            ),
+            // Which of a list of keys succeeded with the given fingerprint, in list order.
+            done: format!(
+                "SELECT coalesce(k.status = 'success' AND (k.fingerprint IS NULL OR l.fingerprint IS NULL \
+                                 OR k.fingerprint = l.fingerprint), false) AS done \
+                 FROM unnest($2::uuid[], $3::bytea[]) WITH ORDINALITY AS l(key, fingerprint, position) \
+                 LEFT JOIN {table} AS k ON k.scope = $1 AND k.key = l.key \
+                 ORDER BY l.position"
             ),
             reset: format!(
                 "UPDATE {table} SET status = 'failed', attempts = 0, updated_at = now() \
@@ -481,6 +490,21 @@ impl Statements {
             .bind(scope)
             .bind(key)
             .fetch_optional(conn)
+            .await
+    }
+
+    pub async fn done(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        keys: &[Uuid],
+        fingerprints: &[Option<Vec<u8>>],
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        sqlx::query_scalar(&self.done)
+            .bind(scope)
+            .bind(keys)
+            .bind(fingerprints)
+            .fetch_all(conn)
             .await
     }
 

@@ -4,17 +4,16 @@
 //! and between the per-message and the batch path, without re-applying anything: a key
 //! that succeeded under one is a duplicate under the others.
 //!
-//! [`OrderEvents`] is what the [`OrderConsumer`](super::consumer::OrderConsumer) does
-//! with each message: decode it, and call the handler that fits the offset store and the
-//! path.
+//! [`OrderEvents`] is what the demo's consumers do with each message (an
+//! [`idem_kafka::Handler`]): decode it, and call the handler that fits the offset store
+//! and the path.
 
 use idem_runtime::key::KeyBuilder;
 use idem_runtime::{Idem, IdempotencyKey, KeyError, idempotent};
 use sqlx::PgConnection;
 
-use super::consumer::{MessageHandler, Verdict};
-use super::offsets::{BatchOffsets, Position};
 use crate::orders::{EventType, OrderEvent};
+use idem_kafka::{BatchPositions, Fate, Handler, Position};
 
 /// The handlers' scope in the status table.
 pub const SCOPE: &str = "apply_order_event";
@@ -99,7 +98,7 @@ pub async fn apply_order_event_at(
 /// The batch variant of [`apply_order_event_at`]: use the generated
 /// `apply_order_event_at_offsets_batch(&idem, &events, &offsets)`. The positions of the
 /// whole batch are stored once, by the first body of the batch transaction, up to the
-/// first message that is not done (see [`BatchOffsets`]).
+/// first message that is not done (see [`BatchPositions`]).
 #[idempotent(
     key = "event_key",
     fingerprint = "order_id, event_type, amount_cents",
@@ -112,7 +111,7 @@ pub async fn apply_order_event_at(
 pub async fn apply_order_event_at_offsets(
     tx: &mut PgConnection,
     event: &OrderEvent,
-    offsets: &BatchOffsets,
+    offsets: &BatchPositions,
 ) -> Result<(), ApplyError> {
     let written = async {
         write_effects(&mut *tx, event).await?;
@@ -128,7 +127,7 @@ pub async fn apply_order_event_at_offsets(
 }
 
 /// The key and payload fingerprint that the handlers above derive from `event` (their
-/// `key` and `fingerprint` arguments), for [`BatchOffsets`].
+/// `key` and `fingerprint` arguments), for [`BatchPositions`].
 pub fn key_and_fingerprint(event: &OrderEvent) -> Result<(IdempotencyKey, [u8; 32]), KeyError> {
     let key = KeyBuilder::new()
         .part("event_key", &event.event_key)?
@@ -147,15 +146,15 @@ pub fn key_and_fingerprint(event: &OrderEvent) -> Result<(IdempotencyKey, [u8; 3
 #[derive(Debug, Clone, Copy, Default)]
 pub struct OrderEvents;
 
-impl MessageHandler for OrderEvents {
+impl Handler for OrderEvents {
     type Message = OrderEvent;
 
     fn decode(&self, payload: &[u8]) -> Result<OrderEvent, String> {
         decode_order_event(payload)
     }
 
-    async fn apply(&self, idem: &Idem, event: &OrderEvent, position: Option<&Position>) -> Verdict {
-        Verdict::of(match position {
+    async fn handle(&self, idem: &Idem, event: &OrderEvent, position: Option<&Position>) -> Fate {
+        Fate::of(match position {
             None => apply_order_event(idem, event).await,
             Some(position) => apply_order_event_at(idem, event, position).await,
         })
@@ -165,24 +164,25 @@ impl MessageHandler for OrderEvents {
         true
     }
 
-    async fn apply_batch(
+    async fn handle_batch(
         &self,
         idem: &Idem,
         events: &[OrderEvent],
         positions: Option<&[Position]>,
-    ) -> Vec<Verdict> {
+    ) -> Vec<Fate> {
         let outcomes = match positions {
             None => apply_order_event_batch(idem, events).await,
             Some(positions) => {
-                let group = positions.first().map_or("", |position| &position.group);
-                let mut offsets = BatchOffsets::new(idem, SCOPE, group);
-                for (event, position) in events.iter().zip(positions) {
-                    offsets.push(position, key_and_fingerprint(event).ok());
-                }
+                let keys = events.iter().map(|event| {
+                    key_and_fingerprint(event)
+                        .ok()
+                        .map(|(key, fingerprint)| (key, Some(fingerprint)))
+                });
+                let offsets = BatchPositions::new(idem, SCOPE, positions, keys);
                 apply_order_event_at_offsets_batch(idem, events, &offsets).await
             }
         };
-        outcomes.into_iter().map(Verdict::of).collect()
+        outcomes.into_iter().map(Fate::of).collect()
     }
 }
 

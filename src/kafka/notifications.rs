@@ -11,7 +11,7 @@
 //! - **Concurrent duplicates** (two consumers holding the same fact at once) get
 //!   [`idem_runtime::Error::InProgress`] while the lease is live: the consumer retries the
 //!   message after a back-off, without committing its offset, and finds it done
-//!   ([`Verdict::Duplicate`]) once the other worker marked it.
+//!   ([`Fate::Duplicate`]) once the other worker marked it.
 //! - **A crash mid-effect** (after the service accepted the notification, before the key
 //!   was marked) leaves the lease to expire. Until then every delivery of the fact gets
 //!   `InProgress`; after it, the next delivery claims the key again and calls the service
@@ -35,9 +35,9 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use uuid::Uuid;
 
-use super::consumer::{GroupConsumer, MessageHandler, Verdict};
+use idem_kafka::{Fate, Handler, Position};
+
 use super::handlers::decode_order_event;
-use super::offsets::Position;
 use crate::orders::{EventType, OrderEvent};
 
 /// The notification handler's scope in the status table.
@@ -280,25 +280,17 @@ impl PaymentNotifications {
     }
 }
 
-impl MessageHandler for PaymentNotifications {
+impl Handler for PaymentNotifications {
     type Message = OrderEvent;
 
     fn decode(&self, payload: &[u8]) -> Result<OrderEvent, String> {
         decode_order_event(payload)
     }
 
-    async fn apply(
-        &self,
-        idem: &Idem,
-        event: &OrderEvent,
-        _position: Option<&Position>,
-    ) -> Verdict {
+    async fn handle(&self, idem: &Idem, event: &OrderEvent, _position: Option<&Position>) -> Fate {
         if event.event_type != EventType::Paid {
-            return Verdict::Skipped;
+            return Fate::Skipped;
         }
-        Verdict::of(notify_payment(idem, event, &self.service).await)
+        Fate::of(notify_payment(idem, event, &self.service).await)
     }
 }
-
-/// A member of a consumer group sending payment notifications.
-pub type NotificationConsumer = GroupConsumer<PaymentNotifications>;

@@ -16,8 +16,8 @@ use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use super::dead_letter::Reason;
 use crate::orders::{EventType, OrderEvent};
+use idem_kafka::Reason;
 
 /// The idempotency key of an order event: `order_id` and `event_type`, in that order.
 pub fn event_key(order_id: &str, event_type: EventType) -> IdempotencyKey {

@@ -120,10 +120,11 @@ pub struct DeadLetter {
     pub error: String,
 }
 
-/// The dead letters of `group`, by partition and offset.
+/// The dead letters of `group` (in the default schema of idem-kafka's tables,
+/// `idem_kafka`), by partition and offset.
 pub async fn dead_letters(pool: &PgPool, group: &str) -> Result<Vec<DeadLetter>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT kafka_partition, kafka_offset, payload, reason, error FROM kafka_dead_letters
+        "SELECT kafka_partition, kafka_offset, payload, reason, error FROM idem_kafka.kafka_dead_letters
          WHERE consumer_group = $1 ORDER BY kafka_partition, kafka_offset",
     )
     .bind(group)

@@ -3,14 +3,10 @@
 //! handler inside a batch among them) and one of three consumers killed mid-stream, every
 //! business fact is applied to PostgreSQL exactly once, nothing is lost, and the dead
 //! letters are exactly the malformed messages.
-//!
-//! Needs the `tansu` broker (`cargo install tansu --version 0.6.0 --locked --features
-//! libsql`, or `scripts/services.sh kafka`) or a broker in `KAFKA_BROKERS`.
 
-mod kafka_support;
+use idem_kafka::OffsetStore;
 
-use idem_suite::kafka::consumer::OffsetStore;
-use kafka_support::end_to_end::every_fact_applied_once_despite_a_killed_consumer;
+use crate::end_to_end::every_fact_applied_once_despite_a_killed_consumer;
 use sqlx::PgPool;
 
 #[sqlx::test(migrations = false)]

@@ -4,13 +4,14 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_suite::kafka::consumer::{self, OffsetStore, Stats};
+use idem_kafka::{OffsetStore, Stats};
+use idem_runtime::store::Status;
 use idem_suite::kafka::handlers;
 use idem_suite::kafka::producer::{MalformedKind, Plan, PlanConfig, RecordKind};
 use idem_suite::kafka::verify;
 use sqlx::PgPool;
 
-use super::{Harness, total, wait_until};
+use crate::support::{Harness, total, wait_until};
 
 const EVENTS: usize = 10_000;
 const DUPLICATE_RATE: f64 = 0.3;
@@ -82,7 +83,7 @@ pub async fn every_fact_applied_once_despite_a_killed_consumer(
     wait_until(
         Duration::from_secs(150),
         || {
-            consumer::caught_up(
+            idem_kafka::caught_up(
                 all_stats.iter().map(Arc::as_ref),
                 &harness.topic,
                 &produced.end_offsets,
@@ -109,47 +110,36 @@ pub async fn every_fact_applied_once_despite_a_killed_consumer(
     assert_eq!(verification.facts, EVENTS as i64);
 
     // The status table: one success per fact, one parked key per refused event.
-    let parked_injected = produced
-        .malformed
-        .iter()
-        .filter(|m| m.kind == MalformedKind::Parked)
-        .count();
-    let statuses: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT status, count(*) FROM idem.idem_keys GROUP BY status ORDER BY status",
-    )
-    .fetch_all(&harness.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        statuses,
-        vec![
-            ("parked".to_owned(), parked_injected as i64),
-            ("success".to_owned(), EVENTS as i64)
-        ]
-    );
-
-    // The key and fingerprint derived outside the macro (for the batch offsets) are the
-    // ones the handlers recorded.
-    let (keys, fingerprints): (Vec<uuid::Uuid>, Vec<Vec<u8>>) = plan
+    // The key and fingerprint derived outside the macro (for the batch positions) are the
+    // ones the handlers recorded: every fact's key is done with its own payload.
+    let keys: Vec<_> = plan
         .events
         .iter()
         .map(|event| {
             let (key, fingerprint) = handlers::key_and_fingerprint(event).unwrap();
-            (key.as_uuid(), fingerprint.to_vec())
+            (key, Some(fingerprint))
         })
-        .unzip();
-    let matching: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM unnest($1::uuid[], $2::bytea[]) AS f(key, fingerprint)
-         JOIN idem.idem_keys k ON k.scope = $3 AND k.key = f.key AND k.fingerprint = f.fingerprint
-         WHERE k.status = 'success'",
-    )
-    .bind(&keys)
-    .bind(&fingerprints)
-    .bind(handlers::SCOPE)
-    .fetch_one(&harness.pool)
-    .await
-    .unwrap();
-    assert_eq!(matching, EVENTS as i64);
+        .collect();
+    let mut conn = harness.pool.acquire().await.unwrap();
+    let done = harness
+        .idem
+        .done_keys(&mut conn, handlers::SCOPE, &keys)
+        .await
+        .unwrap();
+    drop(conn);
+    assert_eq!(done.iter().filter(|done| **done).count(), EVENTS);
+    // The refused events' keys are parked.
+    for malformed in produced
+        .malformed
+        .iter()
+        .filter(|m| m.kind == MalformedKind::Parked)
+    {
+        let event: idem_suite::orders::OrderEvent =
+            serde_json::from_slice(&malformed.payload).unwrap();
+        let (key, _) = handlers::key_and_fingerprint(&event).unwrap();
+        let record = harness.idem.record(handlers::SCOPE, key).await.unwrap();
+        assert_eq!(record.map(|r| r.status), Some(Status::Parked));
+    }
 
     // The dead letters: exactly the injected messages, with their bytes and coordinates.
     let dead: BTreeSet<(i32, i64, String, Vec<u8>)> =

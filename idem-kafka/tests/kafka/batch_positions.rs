@@ -4,12 +4,12 @@
 //! and earlier duplicates, and stores nothing when no body runs.
 
 use chrono::Utc;
+use idem_kafka::{BatchPositions, Position, Schema};
 use idem_runtime::{Error, Idem, Outcome};
 use idem_suite::kafka;
 use idem_suite::kafka::handlers::{
     self, apply_order_event, apply_order_event_at_offsets_batch, key_and_fingerprint,
 };
-use idem_suite::kafka::offsets::{self, BatchOffsets, Position};
 use idem_suite::kafka::producer::event_key;
 use idem_suite::orders::{EventType, OrderEvent};
 use sqlx::PgPool;
@@ -26,29 +26,31 @@ fn event(order: &str, amount_cents: i64) -> OrderEvent {
     }
 }
 
-fn offsets_of(idem: &Idem, topic: &str, batch: &[(i32, i64, OrderEvent)]) -> BatchOffsets {
-    let mut offsets = BatchOffsets::new(idem, handlers::SCOPE, GROUP);
-    for (partition, offset, event) in batch {
-        let position = Position {
-            group: GROUP.to_owned(),
-            topic: topic.to_owned(),
-            partition: *partition,
-            next_offset: offset + 1,
-        };
-        offsets.push(&position, key_and_fingerprint(event).ok());
-    }
-    offsets
+fn offsets_of(idem: &Idem, topic: &str, batch: &[(i32, i64, OrderEvent)]) -> BatchPositions {
+    let schema = Schema::for_idem(idem);
+    let positions: Vec<Position> = batch
+        .iter()
+        .map(|(partition, offset, _)| Position::new(&schema, GROUP, topic, *partition, offset + 1))
+        .collect();
+    let keys = batch.iter().map(|(_, _, event)| {
+        key_and_fingerprint(event)
+            .ok()
+            .map(|(key, fingerprint)| (key, Some(fingerprint)))
+    });
+    BatchPositions::new(idem, handlers::SCOPE, &positions, keys)
 }
 
 async fn stored(pool: &PgPool) -> std::collections::HashMap<i32, i64> {
     let mut conn = pool.acquire().await.unwrap();
-    offsets::load(&mut conn, GROUP, "t").await.unwrap()
+    let schema = Schema::named("idem_kafka").unwrap();
+    idem_kafka::stored_offsets(&mut conn, &schema, GROUP, "t")
+        .await
+        .unwrap()
 }
 
 async fn setup(pool: &PgPool) -> Idem {
-    kafka::create_tables(pool).await.unwrap();
     let idem = Idem::new(pool.clone());
-    idem.migrate().await.unwrap();
+    kafka::prepare(&idem).await.unwrap();
     idem
 }
 

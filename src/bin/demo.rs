@@ -4,14 +4,15 @@
 //! applied exactly once.
 //!
 //! Run it with `scripts/demo.sh`, which first starts what is missing (PostgreSQL, the
-//! `tansu` broker). Directly: `cargo run --release --example demo -- --help`.
+//! `tansu` broker). Directly: `cargo run --release --bin demo -- --help`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use idem_kafka::{Consumer, OffsetStore, Snapshot, Stats};
 use idem_runtime::Idem;
-use idem_suite::kafka::consumer::{ConsumerConfig, OffsetStore, OrderConsumer, Snapshot, Stats};
+use idem_suite::kafka::handlers::OrderEvents;
 use idem_suite::kafka::producer::{self, MalformedKind, Plan, PlanConfig};
 use idem_suite::kafka::{self, DEFAULT_BROKERS, admin, verify};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -94,9 +95,8 @@ async fn run(args: Args) -> Result<bool, DemoError> {
         .acquire_timeout(Duration::from_secs(5))
         .connect_with(options)
         .await?;
-    kafka::create_tables(&pool).await?;
     let idem = Idem::new(pool.clone());
-    idem.migrate().await?;
+    kafka::prepare(&idem).await?;
 
     step(
         2,
@@ -173,11 +173,12 @@ async fn run(args: Args) -> Result<bool, DemoError> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let mut consumers = Vec::new();
     for member in 0..args.consumers {
-        let mut config = ConsumerConfig::new(&args.brokers, &group, &topic);
-        config.client_id = format!("demo-consumer-{member}");
-        config.offsets = args.offsets;
-        config.batch_size = usize::from(args.batch_size);
-        let consumer = OrderConsumer::new(idem.clone(), config, stats.clone())?;
+        let consumer = Consumer::builder(&args.brokers, &group, &topic)
+            .client_id(format!("demo-consumer-{member}"))
+            .offsets(args.offsets)
+            .batch_size(usize::from(args.batch_size))
+            .stats(stats.clone())
+            .build(idem.clone(), OrderEvents)?;
         let mut stopped = stopped.clone();
         consumers.push(tokio::spawn(consumer.run(async move {
             stopped.wait_for(|stop| *stop).await.ok();
@@ -332,7 +333,7 @@ async fn run(args: Args) -> Result<bool, DemoError> {
     println!();
     let db = pool.connect_options();
     println!(
-        "The database stays for a look: psql -h {} -p {} -U {} -d {} -c 'TABLE kafka_dead_letters'",
+        "The database stays for a look: psql -h {} -p {} -U {} -d {} -c 'TABLE idem_kafka.kafka_dead_letters'",
         db.get_host(),
         db.get_port(),
         db.get_username(),

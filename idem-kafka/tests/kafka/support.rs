@@ -1,18 +1,13 @@
 //! What the Kafka tests share: a broker, a topic and a group of their own, a database
 //! with the tables, consumers to start and kill.
 
-#![allow(dead_code)]
-
-pub mod end_to_end;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem_kafka::test_util::KillSwitch;
+use idem_kafka::{Consumer, ConsumerBuilder, ConsumerError, Handler, OffsetStore, Snapshot, Stats};
 use idem_runtime::Idem;
 use idem_suite::kafka::broker::LocalBroker;
-use idem_suite::kafka::consumer::{
-    ConsumerConfig, GroupConsumer, KillSwitch, MessageHandler, OffsetStore, Snapshot, Stats,
-};
 use idem_suite::kafka::handlers::OrderEvents;
 use idem_suite::kafka::notifications::{NotificationService, PaymentNotifications};
 use idem_suite::kafka::producer::{self, Plan, ProduceReport};
@@ -20,6 +15,7 @@ use idem_suite::kafka::{self, admin};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;
+use tokio::sync::{Mutex, MutexGuard};
 use tokio::task::JoinHandle;
 
 /// A broker, a fresh topic and group, and a migrated database.
@@ -33,20 +29,26 @@ pub struct Harness {
     pub pool: PgPool,
     pub idem: Idem,
     stop: watch::Sender<bool>,
+    _one_at_a_time: MutexGuard<'static, ()>,
 }
+
+/// The tests that run consumers take turns: on 2 cores, several scenarios at once would
+/// only measure each other's load (and time out).
+static BROKER_TESTS: Mutex<()> = Mutex::const_new(());
 
 /// A running consumer.
 pub struct Member {
     pub name: String,
     pub stats: Arc<Stats>,
     pub kill: KillSwitch,
-    pub task: JoinHandle<Result<(), kafka::consumer::ConsumerError>>,
+    pub task: JoinHandle<Result<(), ConsumerError>>,
 }
 
 impl Harness {
     /// Finds or starts the broker (failing, with how to install it, if `tansu` is
     /// missing), creates a topic with `partitions` partitions and the tables.
     pub async fn new(test_pool: &PgPool, label: &str, partitions: i32) -> Harness {
+        let one_at_a_time = BROKER_TESTS.lock().await;
         let broker = tokio::task::spawn_blocking(LocalBroker::ensure)
             .await
             .unwrap()
@@ -61,9 +63,8 @@ impl Harness {
             .connect_with(test_pool.connect_options().as_ref().clone())
             .await
             .unwrap();
-        kafka::create_tables(&pool).await.unwrap();
         let idem = Idem::new(pool.clone());
-        idem.migrate().await.unwrap();
+        kafka::prepare(&idem).await.unwrap();
         admin::wait_for_broker(&brokers, Duration::from_secs(30))
             .await
             .unwrap_or_else(|error| panic!("the broker at {brokers} does not answer: {error}"));
@@ -79,6 +80,7 @@ impl Harness {
             pool,
             idem,
             stop: watch::channel(false).0,
+            _one_at_a_time: one_at_a_time,
         }
     }
 
@@ -89,34 +91,33 @@ impl Harness {
 
     /// Starts an order consumer of the group, `batch_size` messages per transaction.
     pub fn batch_consumer(&self, name: &str, offsets: OffsetStore, batch_size: usize) -> Member {
-        self.member(name, OrderEvents, |config| {
-            config.offsets = offsets;
-            config.batch_size = batch_size;
+        self.member(name, OrderEvents, |builder| {
+            builder.offsets(offsets).batch_size(batch_size)
         })
     }
 
     /// Starts a payment-notification consumer of the group, calling `service`, retrying
     /// at least every second.
     pub fn notifier(&self, name: &str, service: NotificationService) -> Member {
-        self.member(name, PaymentNotifications::new(service), |config| {
-            config.max_retry_backoff = Duration::from_secs(1);
+        self.member(name, PaymentNotifications::new(service), |builder| {
+            builder.retry_backoff(Duration::from_millis(50), Duration::from_secs(1))
         })
     }
 
     /// Starts a consumer of the group with `handler`, its settings adjusted by `configure`.
-    pub fn member<H: MessageHandler>(
+    pub fn member<H: Handler>(
         &self,
         name: &str,
         handler: H,
-        configure: impl FnOnce(&mut ConsumerConfig),
+        configure: impl FnOnce(ConsumerBuilder) -> ConsumerBuilder,
     ) -> Member {
-        let mut config = ConsumerConfig::new(&self.brokers, &self.group, &self.topic);
-        config.client_id = format!("{}-{name}", self.group);
-        config.session_timeout = Duration::from_secs(6);
-        configure(&mut config);
-        let stats = Arc::new(Stats::default());
-        let consumer =
-            GroupConsumer::with_handler(self.idem.clone(), config, stats.clone(), handler).unwrap();
+        let builder = Consumer::builder(&self.brokers, &self.group, &self.topic)
+            .client_id(format!("{}-{name}", self.group))
+            .session_timeout(Duration::from_secs(6));
+        let consumer = configure(builder)
+            .build(self.idem.clone(), handler)
+            .unwrap();
+        let stats = consumer.stats();
         let kill = consumer.kill_switch();
         let mut stopped = self.stop.subscribe();
         let task = tokio::spawn(consumer.run(async move {

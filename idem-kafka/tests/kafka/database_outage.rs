@@ -1,18 +1,13 @@
 //! A database outage in the middle of consumption pauses the consumer: it retries the same
 //! message until PostgreSQL is back, then goes on; no message is skipped, none is applied
 //! twice, none is dead-lettered.
-//!
-//! Needs the `tansu` broker (`cargo install tansu --version 0.6.0 --locked --features
-//! libsql`, or `scripts/services.sh kafka`) or a broker in `KAFKA_BROKERS`.
-
-mod kafka_support;
 
 use std::time::Duration;
 
-use idem_suite::kafka::consumer::OffsetStore;
+use crate::support::{Harness, wait_until};
+use idem_kafka::OffsetStore;
 use idem_suite::kafka::producer::{Plan, PlanConfig};
 use idem_suite::kafka::verify;
-use kafka_support::{Harness, wait_until};
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
 #[sqlx::test(migrations = false)]

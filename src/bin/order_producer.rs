@@ -2,7 +2,7 @@
 //! twice or more as a retrying producer does, and optionally some malformed messages.
 //!
 //! ```text
-//! cargo run --example order_producer -- --topic orders --events 1000 --duplicate-rate 0.2
+//! cargo run --bin order_producer -- --topic orders --events 1000 --duplicate-rate 0.2
 //! ```
 
 use std::time::{Duration, Instant};

@@ -4,23 +4,19 @@
 //! the external side: duplicates held elsewhere get `InProgress` and are retried without
 //! committing their offsets, the crashed effect is repeated only after its lease expired,
 //! and the service absorbs the repeat on the idempotency key.
-//!
-//! Needs the `tansu` broker (`cargo install tansu --version 0.6.0 --locked --features
-//! libsql`, or `scripts/services.sh kafka`) or a broker in `KAFKA_BROKERS`.
-
-mod kafka_support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_suite::kafka::consumer::{self, Stats};
+use crate::support::{Harness, total, wait_until};
+use idem_kafka::Stats;
+use idem_runtime::store::Status;
 use idem_suite::kafka::handlers::key_and_fingerprint;
 use idem_suite::kafka::notifications::{self, Crash, LEASE, NotificationService, ServiceSettings};
 use idem_suite::kafka::producer::{Plan, PlanConfig};
 use idem_suite::kafka::verify;
 use idem_suite::orders::{EventType, OrderEvent};
-use kafka_support::{Harness, total, wait_until};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -97,7 +93,7 @@ async fn every_paid_event_is_notified_once_despite_duplicates_and_a_crash_mid_ef
     wait_until(
         Duration::from_secs(120),
         || {
-            consumer::caught_up(
+            idem_kafka::caught_up(
                 all_stats.iter().map(Arc::as_ref),
                 &harness.topic,
                 &produced.end_offsets,
@@ -162,15 +158,23 @@ async fn every_paid_event_is_notified_once_despite_duplicates_and_a_crash_mid_ef
 
     // The status table: every paid fact's key succeeded; the crashed one on its second
     // claim (the expired lease counted as an attempt).
-    let statuses: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT status, count(*), max(attempts)::bigint FROM idem.idem_keys WHERE scope = $1
-         GROUP BY status",
-    )
-    .bind(notifications::SCOPE)
-    .fetch_all(&harness.pool)
-    .await
-    .unwrap();
-    assert_eq!(statuses, vec![("success".to_owned(), paid.len() as i64, 2)]);
+    let mut attempts = BTreeMap::new();
+    for event in &paid {
+        let (key, _) = key_and_fingerprint(event).unwrap();
+        let record = harness
+            .idem
+            .record(notifications::SCOPE, key)
+            .await
+            .unwrap()
+            .expect("every paid fact has a key");
+        assert_eq!(record.status, Status::Success, "{record:?}");
+        *attempts.entry(record.attempts).or_insert(0) += 1;
+    }
+    assert_eq!(
+        attempts.keys().max(),
+        Some(&2),
+        "the crashed key succeeded on its second claim: {attempts:?}"
+    );
 
     // The consumers: duplicates were held off with InProgress while the lease lived, and
     // every paid fact ran to success exactly once; the other events were skipped.

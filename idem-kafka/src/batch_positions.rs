@@ -1,0 +1,110 @@
+//! The positions of a batch, stored by the batch transaction itself.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use idem_runtime::{Idem, IdempotencyKey};
+use sqlx::PgConnection;
+
+use crate::position::Position;
+
+/// The positions of a batch (offsets in PostgreSQL), for a batch handler to store in its
+/// transaction with [`store_once`](Self::store_once).
+///
+/// Storing the last message's position would not do. The body runs only for the new
+/// messages, so the last message of a partition (a duplicate) may run none; and the batch
+/// transaction commits before the consumer routes the fates, so a message in the middle
+/// that is to be dead-lettered (a payload mismatch, a parked key, a missing key) or
+/// retried (a key in progress elsewhere) is not done when it commits. A position past it
+/// would lose it after a crash.
+///
+/// So the first body that runs in a transaction stores each partition's position *up to
+/// the first message of the batch that is not done* as that transaction sees the status
+/// table ([`Idem::done_keys`]): done are the messages whose key is `success` with their
+/// own payload fingerprint, the ones this transaction claimed as well as duplicates of
+/// keys committed before. If the batch commits, every message below the stored position
+/// is done; if it rolls back, nothing was stored. Positions only move forward.
+///
+/// The later bodies of the same transaction do not store again. A body that fails calls
+/// [`forget`](Self::forget): the batch is rolled back and run again one message per
+/// transaction, and the first of those transactions stores the positions again.
+#[derive(Debug)]
+pub struct BatchPositions {
+    idem: Idem,
+    scope: String,
+    positions: Vec<Position>,
+    keys: Vec<Option<(IdempotencyKey, Option<[u8; 32]>)>>,
+    stored: AtomicBool,
+}
+
+impl BatchPositions {
+    /// The positions of a batch handled by the handler of `scope`: each message's position
+    /// after it, and its key and payload fingerprint as the handler derives them (`None`
+    /// when the key cannot be derived: the message is not done), in message order.
+    ///
+    /// # Panics
+    ///
+    /// If `positions` and `keys` differ in length.
+    pub fn new(
+        idem: &Idem,
+        scope: impl Into<String>,
+        positions: &[Position],
+        keys: impl IntoIterator<Item = Option<(IdempotencyKey, Option<[u8; 32]>)>>,
+    ) -> Self {
+        let keys: Vec<_> = keys.into_iter().collect();
+        assert_eq!(positions.len(), keys.len(), "one key per position");
+        BatchPositions {
+            idem: idem.clone(),
+            scope: scope.into(),
+            positions: positions.to_vec(),
+            keys,
+            stored: AtomicBool::new(false),
+        }
+    }
+
+    /// Stores the positions (see above) unless a body of this transaction did already.
+    pub async fn store_once(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        if self.stored.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let Some(first) = self.positions.first() else {
+            return Ok(());
+        };
+        let derived: Vec<(IdempotencyKey, Option<[u8; 32]>)> =
+            self.keys.iter().flatten().copied().collect();
+        let mut done = self
+            .idem
+            .done_keys(&mut *conn, &self.scope, &derived)
+            .await?
+            .into_iter();
+        // Per partition: the position after the last message, or the first message's own
+        // offset that is not done.
+        let mut reached: BTreeMap<(&str, i32), (i64, bool)> = BTreeMap::new();
+        for (position, key) in self.positions.iter().zip(&self.keys) {
+            let is_done = key.is_some() && done.next().unwrap_or(false);
+            let entry = reached
+                .entry((position.topic.as_str(), position.partition))
+                .or_insert((position.next_offset - 1, false));
+            let (next, stopped) = entry;
+            if *stopped {
+                continue;
+            }
+            if is_done {
+                *next = (*next).max(position.next_offset);
+            } else {
+                *next = (*next).min(position.next_offset - 1);
+                *stopped = true;
+            }
+        }
+        let rows: Vec<(String, i32, i64)> = reached
+            .into_iter()
+            .map(|((topic, partition), (next, _))| (topic.to_owned(), partition, next))
+            .collect();
+        crate::offsets::store_all(conn, &first.schema, &first.group, &rows).await
+    }
+
+    /// A body failed and its transaction rolls back: the next transaction stores again.
+    pub fn forget(&self) {
+        self.stored.store(false, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,162 @@
+//! The settings of a consumer, and the builder that takes them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_runtime::Idem;
+
+use crate::consumer::Consumer;
+use crate::error::ConsumerError;
+use crate::handler::Handler;
+use crate::offset_store::OffsetStore;
+use crate::schema::Schema;
+use crate::stats::Stats;
+
+/// The settings of one consumer.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub brokers: String,
+    pub group: String,
+    pub topic: String,
+    pub client_id: String,
+    pub offsets: OffsetStore,
+    pub batch_size: usize,
+    pub batch_linger: Duration,
+    pub commit_interval: Duration,
+    pub retry_backoff: Duration,
+    pub max_retry_backoff: Duration,
+    pub session_timeout: Duration,
+    pub schema: Option<Schema>,
+    pub extra: Vec<(String, String)>,
+}
+
+/// Builds a [`Consumer`]: `Consumer::builder(brokers, group, topic)`, the settings that
+/// differ from the defaults, then [`build`](Self::build).
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # fn f(idem: idem_runtime::Idem, handler: impl idem_kafka::Handler) -> Result<(), idem_kafka::ConsumerError> {
+/// use idem_kafka::{Consumer, OffsetStore};
+///
+/// let consumer = Consumer::builder("127.0.0.1:9092", "order-appliers", "orders")
+///     .offsets(OffsetStore::Postgres)
+///     .batch_size(500)
+///     .set("fetch.min.bytes", "1024")
+///     .build(idem, handler)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ConsumerBuilder {
+    settings: Settings,
+    stats: Option<Arc<Stats>>,
+}
+
+impl ConsumerBuilder {
+    pub(crate) fn new(brokers: String, group: String, topic: String) -> Self {
+        ConsumerBuilder {
+            settings: Settings {
+                brokers,
+                client_id: format!("{group}-member"),
+                group,
+                topic,
+                offsets: OffsetStore::Kafka,
+                batch_size: 1,
+                batch_linger: Duration::from_millis(20),
+                commit_interval: Duration::from_secs(1),
+                retry_backoff: Duration::from_millis(50),
+                max_retry_backoff: Duration::from_secs(5),
+                session_timeout: Duration::from_secs(10),
+                schema: None,
+                extra: Vec::new(),
+            },
+            stats: None,
+        }
+    }
+
+    /// Where processed offsets are kept (default [`OffsetStore::Kafka`]).
+    pub fn offsets(mut self, offsets: OffsetStore) -> Self {
+        self.settings.offsets = offsets;
+        self
+    }
+
+    /// Messages handed to the handler together (default 1: one message, one
+    /// transaction). Above 1, [`Handler::handle_batch`] gets up to this many.
+    pub fn batch_size(mut self, batch_size: usize) -> Self {
+        self.settings.batch_size = batch_size.max(1);
+        self
+    }
+
+    /// How long a batch waits for more messages after its first one (default 20 ms).
+    pub fn batch_linger(mut self, linger: Duration) -> Self {
+        self.settings.batch_linger = linger;
+        self
+    }
+
+    /// How often processed offsets are committed (default 1 s).
+    pub fn commit_interval(mut self, interval: Duration) -> Self {
+        self.settings.commit_interval = interval;
+        self
+    }
+
+    /// The first wait before retrying a message that failed in a way that can pass
+    /// (default 50 ms), and the longest (default 5 s); it doubles in between.
+    pub fn retry_backoff(mut self, first: Duration, longest: Duration) -> Self {
+        self.settings.retry_backoff = first;
+        self.settings.max_retry_backoff = longest.max(first);
+        self
+    }
+
+    /// The group's session timeout: how long the broker waits for a silent member before
+    /// it gives the member's partitions to the others (default 10 s).
+    pub fn session_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.session_timeout = timeout;
+        self
+    }
+
+    /// This member's client id (default `<group>-member`; shows in broker logs).
+    pub fn client_id(mut self, client_id: impl Into<String>) -> Self {
+        self.settings.client_id = client_id.into();
+        self
+    }
+
+    /// The schema of the offset and dead-letter tables (default `<idem's schema>_kafka`).
+    pub fn schema(mut self, schema: Schema) -> Self {
+        self.settings.schema = Some(schema);
+        self
+    }
+
+    /// A further librdkafka setting (e.g. `group.instance.id`, `security.protocol`),
+    /// applied after the consumer's own.
+    pub fn set(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.extra.push((name.into(), value.into()));
+        self
+    }
+
+    /// Counts into `stats` (default: counters of its own), to share them between
+    /// consumers.
+    pub fn stats(mut self, stats: Arc<Stats>) -> Self {
+        self.stats = Some(stats);
+        self
+    }
+
+    /// Creates the consumer and subscribes it to the topic. Messages flow once
+    /// [`Consumer::run`] polls it.
+    ///
+    /// idem's status table ([`Idem::migrate`]), idem-kafka's tables
+    /// ([`Consumer::migrate`]) and what `handler` writes must exist before it runs.
+    pub fn build<H: Handler>(self, idem: Idem, handler: H) -> Result<Consumer<H>, ConsumerError> {
+        let mut settings = self.settings;
+        let schema = settings
+            .schema
+            .get_or_insert_with(|| Schema::for_idem(&idem))
+            .clone();
+        Consumer::create(
+            idem,
+            settings,
+            schema,
+            self.stats.unwrap_or_default(),
+            handler,
+        )
+    }
+}

@@ -1,0 +1,349 @@
+//! The rdkafka context of a consumer: partition progress, rebalances and commits.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer as _, ConsumerContext, RebalanceProtocol,
+};
+use rdkafka::error::{KafkaError, KafkaResult};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection};
+
+use crate::offset_store::OffsetStore;
+use crate::offsets;
+use crate::schema::Schema;
+use crate::stats::lock;
+
+/// The rdkafka context: rebalance handling and the processed offsets.
+pub(crate) struct GroupContext {
+    pub group: String,
+    pub offsets: OffsetStore,
+    pub schema: Schema,
+    progress: Mutex<HashMap<(String, i32), PartitionProgress>>,
+    pub killed: Arc<AtomicBool>,
+    database: PgConnectOptions,
+}
+
+/// What is known of one partition: processed up to `next`, committed to Kafka up to
+/// `committed`, stored in PostgreSQL up to `stored` (`-1`: nothing yet).
+#[derive(Debug, Clone, Copy)]
+struct PartitionProgress {
+    next: i64,
+    committed: i64,
+    stored: i64,
+}
+
+/// Positions not stored yet: topic, partition, next offset.
+pub(crate) type Pending = Vec<(String, i32, i64)>;
+
+impl GroupContext {
+    pub fn new(
+        group: String,
+        offsets: OffsetStore,
+        schema: Schema,
+        database: PgConnectOptions,
+    ) -> Self {
+        GroupContext {
+            group,
+            offsets,
+            schema,
+            progress: Mutex::default(),
+            killed: Arc::new(AtomicBool::new(false)),
+            database,
+        }
+    }
+
+    pub fn killed(&self) -> bool {
+        self.killed.load(Ordering::SeqCst)
+    }
+
+    /// A message is done with; `stored`: its position is stored in PostgreSQL already.
+    pub fn processed(&self, topic: &str, partition: i32, offset: i64, stored: bool) {
+        let mut progress = lock(&self.progress);
+        let entry = progress
+            .entry((topic.to_owned(), partition))
+            .or_insert(PartitionProgress {
+                next: -1,
+                committed: -1,
+                stored: -1,
+            });
+        entry.next = entry.next.max(offset + 1);
+        if stored {
+            entry.stored = entry.stored.max(offset + 1);
+        }
+    }
+
+    /// The processed positions not committed to Kafka yet; marks them committed.
+    fn uncommitted(&self) -> TopicPartitionList {
+        let mut list = TopicPartitionList::new();
+        for ((topic, partition), entry) in lock(&self.progress).iter_mut() {
+            if entry.next > entry.committed {
+                // A partition that is not in the list is not committed: ignore the error.
+                list.add_partition_offset(topic, *partition, Offset::Offset(entry.next))
+                    .ok();
+                entry.committed = entry.next;
+            }
+        }
+        list
+    }
+
+    /// Marks the positions of `list` as not committed, to retry them.
+    fn uncommit(&self, list: &TopicPartitionList) {
+        let mut progress = lock(&self.progress);
+        for element in list.elements() {
+            if let Some(entry) =
+                progress.get_mut(&(element.topic().to_owned(), element.partition()))
+            {
+                entry.committed = -1;
+            }
+        }
+    }
+
+    /// The processed positions not stored in PostgreSQL yet; marks them stored.
+    pub fn unstored(&self) -> Pending {
+        let mut pending = Vec::new();
+        for ((topic, partition), entry) in lock(&self.progress).iter_mut() {
+            if entry.next > entry.stored {
+                pending.push((topic.clone(), *partition, entry.next));
+                entry.stored = entry.next;
+            }
+        }
+        pending
+    }
+
+    /// Marks `pending` as not stored, to retry them.
+    pub fn unstore(&self, pending: &Pending) {
+        let mut progress = lock(&self.progress);
+        for (topic, partition, _) in pending {
+            if let Some(entry) = progress.get_mut(&(topic.clone(), *partition)) {
+                entry.stored = -1;
+            }
+        }
+    }
+
+    /// Commits the processed positions not committed yet to Kafka (unless killed).
+    pub fn commit(&self, consumer: &impl rdkafka::consumer::Consumer<Self>, mode: CommitMode) {
+        if self.killed() {
+            return;
+        }
+        let to_commit = self.uncommitted();
+        if to_commit.count() > 0
+            && let Err(error) = consumer.commit(&to_commit, mode)
+        {
+            tracing::warn!(%error, "committing offsets to kafka failed; retrying at the next commit");
+            self.uncommit(&to_commit);
+        }
+    }
+
+    /// Postgres variant, on assignment: start each partition at its stored offset.
+    ///
+    /// If the offsets cannot be read, the partitions start at Kafka's committed offsets,
+    /// which are never ahead of the stored ones: more duplicates, nothing skipped.
+    fn start_at_stored_offsets(&self, assignment: &mut TopicPartitionList) {
+        let partitions: Vec<(String, i32)> = assignment
+            .elements()
+            .iter()
+            .map(|element| (element.topic().to_owned(), element.partition()))
+            .collect();
+        let mut topics: Vec<&str> = partitions.iter().map(|(topic, _)| topic.as_str()).collect();
+        topics.sort_unstable();
+        topics.dedup();
+        for topic in topics {
+            let load = async |conn: &mut PgConnection| {
+                offsets::stored_offsets(conn, &self.schema, &self.group, topic).await
+            };
+            match self.on_side_thread(load) {
+                Ok(stored) => {
+                    for (_, partition) in partitions.iter().filter(|(t, _)| t == topic) {
+                        if let Some(&next) = stored.get(partition) {
+                            assignment
+                                .set_partition_offset(topic, *partition, Offset::Offset(next))
+                                .ok();
+                            tracing::debug!(
+                                topic,
+                                partition,
+                                next,
+                                "starting at the offset stored in postgres"
+                            );
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(
+                    topic, %error,
+                    "cannot read the stored offsets; starting at kafka's committed offsets (duplicates, nothing skipped)"
+                ),
+            }
+        }
+    }
+
+    /// On revocation: store and commit what was processed in the revoked partitions,
+    /// then forget them.
+    fn save_revoked(&self, base: &BaseConsumer<Self>, revoked: &TopicPartitionList) {
+        let keys: Vec<(String, i32)> = revoked
+            .elements()
+            .iter()
+            .map(|element| (element.topic().to_owned(), element.partition()))
+            .collect();
+        let entries: Vec<((String, i32), PartitionProgress)> = {
+            let mut progress = lock(&self.progress);
+            keys.iter()
+                .filter_map(|key| progress.remove(key).map(|entry| (key.clone(), entry)))
+                .collect()
+        };
+        if self.killed() {
+            return;
+        }
+        if self.offsets == OffsetStore::Postgres {
+            let pending: Pending = entries
+                .iter()
+                .filter(|(_, entry)| entry.next > entry.stored)
+                .map(|((topic, partition), entry)| (topic.clone(), *partition, entry.next))
+                .collect();
+            if !pending.is_empty() {
+                let store = async |conn: &mut PgConnection| {
+                    offsets::store_all(conn, &self.schema, &self.group, &pending).await
+                };
+                if let Err(error) = self.on_side_thread(store) {
+                    tracing::warn!(%error, "storing the revoked partitions' offsets failed; they will be read again (duplicates)");
+                }
+            }
+        }
+        let mut list = TopicPartitionList::new();
+        for ((topic, partition), entry) in &entries {
+            if entry.next > entry.committed {
+                list.add_partition_offset(topic, *partition, Offset::Offset(entry.next))
+                    .ok();
+            }
+        }
+        if list.count() > 0
+            && let Err(error) = base.commit(&list, CommitMode::Sync)
+        {
+            tracing::warn!(%error, "committing the revoked partitions' offsets failed; they will be read again (duplicates)");
+        }
+    }
+
+    /// Runs a short database job from inside an rdkafka callback, which is synchronous:
+    /// on a thread of its own with its own connection, so that it never waits for the
+    /// async runtime that is blocked in the callback.
+    fn on_side_thread<T: Send>(
+        &self,
+        job: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error> + Send,
+    ) -> Result<T, sqlx::Error> {
+        let options = &self.database;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(sqlx::Error::Io)?;
+                    runtime.block_on(async move {
+                        let work = async {
+                            let mut conn = PgConnection::connect_with(options).await?;
+                            let result = job(&mut conn).await;
+                            conn.close().await.ok();
+                            result
+                        };
+                        tokio::time::timeout(Duration::from_secs(10), work)
+                            .await
+                            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+                    })
+                })
+                .join()
+                .unwrap_or_else(|_| Err(sqlx::Error::WorkerCrashed))
+        })
+    }
+}
+
+impl ClientContext for GroupContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as Level;
+        match level {
+            Level::Emerg | Level::Alert | Level::Critical | Level::Error => {
+                tracing::error!(target: "librdkafka", facility, "{message}")
+            }
+            Level::Warning => tracing::warn!(target: "librdkafka", facility, "{message}"),
+            Level::Notice | Level::Info => {
+                tracing::info!(target: "librdkafka", facility, "{message}")
+            }
+            Level::Debug => tracing::debug!(target: "librdkafka", facility, "{message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(target: "librdkafka", %error, "{reason}");
+    }
+}
+
+impl ConsumerContext for GroupContext {
+    fn rebalance(
+        &self,
+        base: &BaseConsumer<Self>,
+        event: RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(base.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let described = describe(partitions);
+        match event {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                if self.offsets == OffsetStore::Postgres {
+                    self.start_at_stored_offsets(partitions);
+                }
+                let assigned = if cooperative {
+                    base.incremental_assign(partitions)
+                } else {
+                    base.assign(partitions)
+                };
+                log_rebalance("assigned", &described, assigned);
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.save_revoked(base, partitions);
+                let unassigned = if cooperative {
+                    base.incremental_unassign(partitions)
+                } else {
+                    base.unassign()
+                };
+                log_rebalance("revoked", &described, unassigned);
+            }
+            other => {
+                tracing::error!(error = ?other, "rebalance failed; dropping the assignment");
+                lock(&self.progress).clear();
+                base.unassign().ok();
+            }
+        }
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(error) = result {
+            tracing::debug!(%error, "an offset commit failed; retrying at the next commit");
+            self.uncommit(offsets);
+        }
+    }
+}
+
+fn describe(partitions: &TopicPartitionList) -> String {
+    let mut by_topic: Vec<(String, i32)> = partitions
+        .elements()
+        .iter()
+        .map(|element| (element.topic().to_owned(), element.partition()))
+        .collect();
+    by_topic.sort();
+    by_topic
+        .iter()
+        .map(|(topic, partition)| format!("{topic}/{partition}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn log_rebalance(what: &str, partitions: &str, result: KafkaResult<()>) {
+    match result {
+        Ok(()) => tracing::info!(partitions, "partitions {what}"),
+        Err(error) => tracing::warn!(partitions, %error, "partitions {what}, with an error"),
+    }
+}

@@ -1,0 +1,82 @@
+//! Where idem-kafka keeps its tables, and their migrations.
+
+use std::sync::Arc;
+
+use idem_runtime::Idem;
+use idem_runtime::config::Identifier;
+use sqlx::migrate::Migrator;
+use sqlx::{Connection, Executor, PgConnection};
+
+use crate::error::ConsumerError;
+
+/// The migrations of idem-kafka's tables (`migrations/` of the crate): the offset table
+/// `kafka_offsets` and the dead-letter table `kafka_dead_letters`, created in the current
+/// `search_path`. [`migrate`] applies them in the adapter's schema.
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+/// The schema of idem-kafka's tables: `<idem's schema>_kafka` (`idem_kafka` by default),
+/// or the one given to [`ConsumerBuilder::schema`](crate::ConsumerBuilder::schema).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schema {
+    name: Arc<str>,
+}
+
+impl Schema {
+    /// The default schema for `idem`'s status table: its schema followed by `_kafka`.
+    pub fn for_idem(idem: &Idem) -> Self {
+        Schema {
+            name: format!("{}_kafka", idem.config().schema()).into(),
+        }
+    }
+
+    /// A schema of this name: 1 to 48 characters of `[a-z0-9_]`, not starting with a
+    /// digit.
+    pub fn named(name: &str) -> Result<Self, ConsumerError> {
+        let name =
+            Identifier::new(name).map_err(|error| ConsumerError::Config(error.to_string()))?;
+        Ok(Schema {
+            name: name.as_str().into(),
+        })
+    }
+
+    /// The schema's name.
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn offsets(&self) -> String {
+        format!("{}.kafka_offsets", self.name)
+    }
+
+    pub(crate) fn dead_letters(&self) -> String {
+        format!("{}.kafka_dead_letters", self.name)
+    }
+}
+
+/// Creates the schema if needed and applies idem-kafka's migrations in it, as
+/// [`Idem::migrate`] does for the status table. Safe to call from every consumer at
+/// start-up (the migrations take an advisory lock and are tracked in the schema's own
+/// `_sqlx_migrations` table).
+pub async fn migrate(idem: &Idem, schema: &Schema) -> Result<(), ConsumerError> {
+    let name = schema.as_str();
+    let options = idem
+        .pool()
+        .connect_options()
+        .as_ref()
+        .clone()
+        .options([("search_path", name)]);
+    let mut conn = PgConnection::connect_with(&options).await?;
+    let create = format!("CREATE SCHEMA IF NOT EXISTS {name}");
+    if let Err(error) = conn.execute(create.as_str()).await {
+        // Two processes creating the schema at once: one of them loses the race.
+        let raced = error
+            .as_database_error()
+            .is_some_and(|db| matches!(db.code().as_deref(), Some("23505" | "42P06")));
+        if !raced {
+            return Err(error.into());
+        }
+    }
+    let applied = MIGRATOR.run_direct(&mut conn).await;
+    conn.close().await?;
+    Ok(applied?)
+}

@@ -1,0 +1,16 @@
+//! idem-kafka against a real Kafka-API broker and PostgreSQL, in one test binary.
+//!
+//! Needs the `tansu` broker (`cargo install tansu --version 0.6.0 --locked --features
+//! libsql`, or `scripts/services.sh up kafka`) or a broker in `KAFKA_BROKERS`, and
+//! PostgreSQL at `DATABASE_URL`. The scenarios that run consumers take turns.
+
+#![allow(dead_code)]
+
+mod batch_positions;
+mod batches;
+mod database_outage;
+mod end_to_end;
+mod lease_mode;
+mod per_message;
+mod spans;
+mod support;
