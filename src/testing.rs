@@ -7,7 +7,6 @@
 //!
 //! let idem = testing::setup(&pool).await;
 //! assert_eq!(testing::count_rows(&pool, "order_effects").await, 0);
-//! assert_eq!(testing::count_rows(&pool, "idem.idem_keys").await, 0);
 //! # let _ = idem; }
 //! ```
 

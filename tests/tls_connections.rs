@@ -312,7 +312,12 @@ async fn postgres_and_redis_over_tls_with_a_private_ca() {
         Outcome::Duplicate(Some(receipt.clone()))
     );
     assert_eq!(testing::count_rows(&pool, "order_effects").await, 1);
-    assert_eq!(testing::count_rows(&pool, "idem.idem_keys").await, 1);
+    let key = idem_runtime::key::KeyBuilder::new()
+        .part("order_id", &event.order_id)
+        .unwrap()
+        .finish();
+    let record = idem.record("tls_pay", key).await.unwrap().expect("a record");
+    assert_eq!(record.status, idem_runtime::store::Status::Success);
     println!("handler over TLS: {receipt:?}");
 
     // The certificate's DNS name verifies too; a plain session is reported as such.
