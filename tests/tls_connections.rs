@@ -316,7 +316,11 @@ async fn postgres_and_redis_over_tls_with_a_private_ca() {
         .part("order_id", &event.order_id)
         .unwrap()
         .finish();
-    let record = idem.record("tls_pay", key).await.unwrap().expect("a record");
+    let record = idem
+        .record("tls_pay", key)
+        .await
+        .unwrap()
+        .expect("a record");
     assert_eq!(record.status, idem_runtime::store::Status::Success);
     println!("handler over TLS: {receipt:?}");
 
