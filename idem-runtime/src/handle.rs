@@ -7,6 +7,7 @@ use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
 use crate::config::{Config, ConfigError, Identifier};
+use crate::duplicate_rate::DuplicateRates;
 use crate::handler::HandlerSpec;
 use crate::inflight::InFlight;
 use crate::key::IdempotencyKey;
@@ -48,6 +49,7 @@ struct Inner {
     cache: crate::cache::CacheSlot,
     scopes: Scopes,
     in_flight: InFlight,
+    duplicate_rates: DuplicateRates,
     session_lock_timeout: tokio::sync::OnceCell<String>,
 }
 
@@ -77,6 +79,7 @@ impl Idem {
                 cache,
                 scopes: Scopes::default(),
                 in_flight: InFlight::default(),
+                duplicate_rates: DuplicateRates::default(),
                 session_lock_timeout: tokio::sync::OnceCell::new(),
             }),
         }
@@ -102,6 +105,10 @@ impl Idem {
 
     pub(crate) fn in_flight(&self) -> &InFlight {
         &self.inner.in_flight
+    }
+
+    pub(crate) fn duplicate_rates(&self) -> &DuplicateRates {
+        &self.inner.duplicate_rates
     }
 
     /// Refuses a handler whose scope another handler owns (see [`crate::scope`]).

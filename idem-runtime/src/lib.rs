@@ -199,6 +199,7 @@ pub mod admin;
 pub mod batch;
 pub mod cache;
 pub mod config;
+mod duplicate_rate;
 mod error_text;
 mod handle;
 pub mod handler;

@@ -147,6 +147,7 @@ pub(crate) struct Statements {
     pub scopes_table: String,
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub instance: String,
+    read: String,
     record_failure: String,
     park_committed: String,
     record: String,
@@ -220,6 +221,12 @@ impl Statements {
                     RETURNING pg_current_xact_id()::text::bigint AS xid, \
                               set_config('lock_timeout', $4, true) AS restored) {}",
                 in_the_way("claimed")
+            ),
+            // The key's row alone, read outside a transaction: answers a duplicate
+            // without the claim's transaction (see `duplicate_rate`).
+            read: format!(
+                "SELECT status, attempts, fingerprint, result, last_error \
+                 FROM {table} WHERE scope = $1 AND key = $2"
             ),
             // After the handler's transaction rolled back. Never overwrites a success (or a
             // parked key) that another delivery wrote meanwhile.
@@ -396,6 +403,21 @@ impl Statements {
             Some(xid) => Ok(Claim::Won { xid }),
             None => existing(&row).map(Claim::Existing),
         }
+    }
+
+    /// The key's row, if any, read on its own (one statement, no transaction block).
+    pub async fn read(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+    ) -> Result<Option<Existing>, sqlx::Error> {
+        let row = sqlx::query(&self.read)
+            .bind(scope)
+            .bind(key)
+            .fetch_optional(conn)
+            .await?;
+        row.as_ref().map(existing).transpose()
     }
 
     /// The statements that end a won claim's transaction, in one simple query: a check

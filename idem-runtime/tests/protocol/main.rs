@@ -37,6 +37,7 @@ mod no_silent_loss;
 mod parked_after_max_attempts;
 mod payload_mismatch_is_rejected;
 mod raw_identifier_handler_keeps_its_name;
+mod redelivery_storm_answers_duplicates_with_one_read;
 mod schema_is_configurable;
 mod scopes_are_independent;
 mod stored_result_is_replayed;
