@@ -1,8 +1,8 @@
--- A duplicate through idem (the `idem-dup` scenario): `BEGIN; SET LOCAL lock_timeout` in
--- one round trip, the claim, which answers with the row in the way (a success: no row
--- written, no lock taken), and the client's ROLLBACK. The runtime sends that ROLLBACK with
--- the connection's next use; it is a round trip of its own here. run.sh seeds keys 1 to
--- 2000 as succeeded.
+-- A duplicate found by the claim (idem's claim-first order, taken while duplicates are
+-- rare in the scope): `BEGIN; SET LOCAL lock_timeout` in one round trip, the claim, which
+-- answers with the row in the way (a success: no row written, no lock taken), and the
+-- client's ROLLBACK. The runtime sends that ROLLBACK with the connection's next use; it is
+-- a round trip of its own here. run.sh seeds keys 1 to 2000 as succeeded.
 --
 -- Runs with -M simple, the claim prepared once per connection (see idem.sql).
 \set n random(1, 2000)

@@ -240,8 +240,10 @@ impl Settings {
             let mut quick = vec![
                 Scenario::Bare,
                 Scenario::Article,
+                Scenario::Lean,
                 Scenario::Idem,
                 Scenario::IdemDup,
+                Scenario::LeanDup,
                 Scenario::Batch500,
                 Scenario::BareBatch500,
                 Scenario::BatchBulk500,

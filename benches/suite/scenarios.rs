@@ -50,6 +50,12 @@ pub enum Scenario {
     IdemDup,
     /// The hand-written article algorithm, every message a duplicate.
     ArticleDup,
+    /// The cheapest SQL with idem's guarantees, by hand with the same client: `BEGIN` with
+    /// the lock timeout, the key's insert (`ON CONFLICT DO NOTHING RETURNING`), the
+    /// business row, `COMMIT`.
+    Lean,
+    /// The cheapest correct duplicate by hand: one read of the key's row, no transaction.
+    LeanDup,
     /// `#[idempotent(batch = true)]`, batches of 10 new messages.
     Batch10,
     /// `#[idempotent(batch = true)]`, batches of 100 new messages.
@@ -93,12 +99,14 @@ impl From<Scenario> for &'static str {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 18] = [
+    pub const ALL: [Scenario; 20] = [
         Scenario::Bare,
         Scenario::Article,
+        Scenario::Lean,
         Scenario::Idem,
         Scenario::IdemResult,
         Scenario::IdemDup,
+        Scenario::LeanDup,
         Scenario::ArticleDup,
         Scenario::Batch10,
         Scenario::Batch100,
@@ -130,6 +138,8 @@ impl Scenario {
             Scenario::IdemResult => "idem-result",
             Scenario::IdemDup => "idem-dup",
             Scenario::ArticleDup => "article-dup",
+            Scenario::Lean => "lean",
+            Scenario::LeanDup => "lean-dup",
             Scenario::Batch10 => "batch-10",
             Scenario::Batch100 => "batch-100",
             Scenario::Batch500 => "batch-500",
@@ -159,6 +169,12 @@ impl Scenario {
             Scenario::IdemResult => "#[idempotent] storing the new row's id, new message",
             Scenario::IdemDup => "#[idempotent], every message a duplicate of a success",
             Scenario::ArticleDup => "by hand (article), every message a duplicate of a success",
+            Scenario::Lean => {
+                "by hand, the cheapest SQL with the same guarantees: BEGIN; SET LOCAL lock_timeout; INSERT key ON CONFLICT DO NOTHING RETURNING; INSERT business row; COMMIT"
+            }
+            Scenario::LeanDup => {
+                "by hand, the cheapest correct duplicate: one read of the key's row, no transaction"
+            }
             Scenario::Batch10 => "#[idempotent(batch = true)], batches of 10 new messages",
             Scenario::Batch100 => "#[idempotent(batch = true)], batches of 100 new messages",
             Scenario::Batch500 => "#[idempotent(batch = true)], batches of 500 new messages",
@@ -192,7 +208,7 @@ impl Scenario {
     pub fn duplicates(self) -> bool {
         matches!(
             self,
-            Scenario::IdemDup | Scenario::ArticleDup | Scenario::IdemDupRedis
+            Scenario::IdemDup | Scenario::ArticleDup | Scenario::LeanDup | Scenario::IdemDupRedis
         )
     }
 
@@ -237,7 +253,11 @@ impl Scenario {
     pub fn sync_on_only(self) -> bool {
         !matches!(
             self,
-            Scenario::Bare | Scenario::Article | Scenario::Idem | Scenario::IdemResult
+            Scenario::Bare
+                | Scenario::Article
+                | Scenario::Lean
+                | Scenario::Idem
+                | Scenario::IdemResult
         )
     }
 }
@@ -387,14 +407,66 @@ async fn insert_batch<'e>(
     Ok(())
 }
 
-/// The article's algorithm the obvious way. Returns whether the body ran.
-async fn article(pool: &PgPool, event: &OrderEvent) -> Result<bool, String> {
-    let key = KeyBuilder::new()
+/// The key of `event` in the hand-written scenarios' tables, as idem derives it.
+fn key_of(event: &OrderEvent) -> Result<uuid::Uuid, String> {
+    Ok(KeyBuilder::new()
         .part("order_id", &event.order_id)
         .and_then(|k| k.part("event_type", &event.event_type))
         .map_err(|e| e.to_string())?
         .finish()
-        .as_uuid();
+        .as_uuid())
+}
+
+/// The cheapest SQL with idem's guarantees, written by hand with the same client: the
+/// key's row and the business row in one transaction whose lock waits are bounded.
+/// Returns whether the body ran.
+async fn lean(pool: &PgPool, event: &OrderEvent) -> Result<bool, String> {
+    let key = key_of(event)?;
+    let run = async {
+        let mut tx = pool
+            .begin_with("BEGIN; SET LOCAL lock_timeout = '5000ms'")
+            .await?;
+        let won: Option<bool> = sqlx::query_scalar(
+            "INSERT INTO idem.idem_keys (scope, key, status, attempts) \
+             VALUES ('bench_lean', $1, 'success', 1) \
+             ON CONFLICT (scope, key) DO NOTHING RETURNING true",
+        )
+        .bind(key)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if won.is_none() {
+            return Ok(false);
+        }
+        sqlx::query(INSERT_EFFECT)
+            .bind(&event.order_id)
+            .bind("paid")
+            .bind(event.amount_cents)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok::<_, sqlx::Error>(true)
+    };
+    run.await.map_err(|e| e.to_string())
+}
+
+/// The cheapest correct duplicate, by hand: the key's row, read outside a transaction.
+/// Returns whether the key was new.
+async fn lean_duplicate(pool: &PgPool, event: &OrderEvent) -> Result<bool, String> {
+    let key = key_of(event)?;
+    let status: Option<String> = sqlx::query_scalar(
+        "SELECT status FROM (SELECT status, attempts, fingerprint, result, last_error \
+         FROM idem.idem_keys WHERE scope = 'bench_lean' AND key = $1) AS k",
+    )
+    .bind(key)
+    .fetch_optional(pool)
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(status.as_deref() != Some("success"))
+}
+
+/// The article's algorithm the obvious way. Returns whether the body ran.
+async fn article(pool: &PgPool, event: &OrderEvent) -> Result<bool, String> {
+    let key = key_of(event)?;
     let run = async {
         let mut tx = pool.begin().await?;
         sqlx::query(
@@ -527,6 +599,8 @@ impl Cell {
             Scenario::Bare => bare(&self.pool, &event).await.map_err(|e| e.to_string())?,
             Scenario::Article => expect(article(&self.pool, &event).await?, true)?,
             Scenario::ArticleDup => expect(article(&self.pool, &event).await?, false)?,
+            Scenario::Lean => expect(lean(&self.pool, &event).await?, true)?,
+            Scenario::LeanDup => expect(lean_duplicate(&self.pool, &event).await?, false)?,
             Scenario::Idem | Scenario::IdemDup | Scenario::BusyKey => {
                 let outcome = apply(&self.idem, &event).await.map_err(|e| e.to_string())?;
                 expect(
@@ -723,6 +797,7 @@ pub async fn populate(
                     .await
                     .map(|_| ())
                     .map_err(|e| e.to_string()),
+                Scenario::LeanDup => lean(pool, &event).await.map(|_| ()),
                 _ => article(pool, &event).await.map(|_| ()),
             }
         }))
