@@ -188,7 +188,7 @@ impl Args {
                 );
             }
             "lease" => {
-                let literal: LitStr = meta.value()?.parse()?;
+                let literal = duration_literal(meta, "lease")?;
                 let Some(millis) = parse_duration_millis(&literal.value()) else {
                     return Err(syn::Error::new(
                         literal.span(),
@@ -208,7 +208,7 @@ impl Args {
                 set(&mut self.cache, literal, span, &name, &mut self.errors);
             }
             "cache_ttl" => {
-                let literal: LitStr = meta.value()?.parse()?;
+                let literal = duration_literal(meta, "cache_ttl")?;
                 let Some(millis) = parse_duration_millis(&literal.value()) else {
                     return Err(syn::Error::new(
                         literal.span(),
@@ -224,7 +224,7 @@ impl Args {
                 );
             }
             "retention" => {
-                let literal: LitStr = meta.value()?.parse()?;
+                let literal = duration_literal(meta, "retention")?;
                 let Some(millis) = parse_duration_millis(&literal.value()) else {
                     return Err(syn::Error::new(
                         literal.span(),
@@ -817,6 +817,31 @@ fn set<T>(slot: &mut Option<T>, value: T, span: Span, name: &str, errors: &mut V
 }
 
 /// `"500ms"`, `"30s"`, `"5m"`, `"1h"`, `"7d"` as milliseconds; `None` if malformed or zero.
+/// The string of a duration argument (`lease`, `cache_ttl`, `retention`); a bare number
+/// is refused with the unit it lacks.
+fn duration_literal(meta: &ParseNestedMeta<'_>, name: &str) -> syn::Result<LitStr> {
+    let value = meta.value()?;
+    if value.peek(LitInt) || value.peek(syn::LitFloat) {
+        let number: syn::Lit = value.parse()?;
+        return Err(syn::Error::new(
+            number.span(),
+            format!(
+                "`{name}` is a duration in a string, with its unit: `{name} = \"{}\"`; a bare number has no unit",
+                number_with_unit(&number, if name == "retention" { "d" } else { "s" })
+            ),
+        ));
+    }
+    value.parse()
+}
+
+/// `30` with a unit, for the error's example.
+fn number_with_unit(number: &syn::Lit, unit: &str) -> String {
+    match number {
+        syn::Lit::Int(int) => format!("{}{unit}", int.base10_digits()),
+        _ => format!("30{unit}"),
+    }
+}
+
 fn parse_duration_millis(text: &str) -> Option<u64> {
     let text = text.trim();
     let split = text.find(|c: char| !c.is_ascii_digit())?;

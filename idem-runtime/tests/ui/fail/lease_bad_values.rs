@@ -22,4 +22,10 @@ async fn zero_lease(event: &OrderEvent) -> Result<(), std::io::Error> {
     Ok(())
 }
 
+#[idempotent(key = "order_id", mode = "lease", lease = 30)]
+async fn lease_without_unit(event: &OrderEvent) -> Result<(), std::io::Error> {
+    let _ = &event.order_id;
+    Ok(())
+}
+
 fn main() {}
