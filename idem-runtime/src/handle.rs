@@ -49,6 +49,9 @@ struct Inner {
     scopes: Scopes,
     in_flight: InFlight,
     session_lock_timeout: tokio::sync::OnceCell<String>,
+    /// The faults a test armed for this handle's next deliveries.
+    #[cfg(feature = "testing")]
+    faults: crate::testing::FaultSlot,
 }
 
 impl Idem {
@@ -78,8 +81,25 @@ impl Idem {
                 scopes: Scopes::default(),
                 in_flight: InFlight::default(),
                 session_lock_timeout: tokio::sync::OnceCell::new(),
+                #[cfg(feature = "testing")]
+                faults: Default::default(),
             }),
         }
+    }
+
+    /// A handle over the same pool, settings and cache that shares no state of the
+    /// process with this one (turns of in-flight keys, checked scopes, armed faults), as
+    /// another consumer process's handle would.
+    #[cfg(feature = "testing")]
+    pub(crate) fn another_process(&self) -> Idem {
+        let inner = &self.inner;
+        Self::with_config(inner.pool.clone(), inner.config.clone(), inner.cache.clone())
+    }
+
+    /// The faults a test armed for this handle's next deliveries.
+    #[cfg(feature = "testing")]
+    pub(crate) fn faults(&self) -> &crate::testing::FaultSlot {
+        &self.inner.faults
     }
 
     /// The connection pool.
