@@ -93,7 +93,11 @@ impl Idem {
     #[cfg(feature = "testing")]
     pub(crate) fn another_process(&self) -> Idem {
         let inner = &self.inner;
-        Self::with_config(inner.pool.clone(), inner.config.clone(), inner.cache.clone())
+        Self::with_config(
+            inner.pool.clone(),
+            inner.config.clone(),
+            inner.cache.clone(),
+        )
     }
 
     /// The faults a test armed for this handle's next deliveries.

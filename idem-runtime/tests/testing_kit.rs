@@ -29,10 +29,7 @@ struct PaymentError(#[from] sqlx::Error);
 
 /// The README's handler.
 #[idempotent(key = "order_id, event_type")]
-async fn apply_payment(
-    tx: &mut PgConnection,
-    event: &OrderEvent,
-) -> Result<Receipt, PaymentError> {
+async fn apply_payment(tx: &mut PgConnection, event: &OrderEvent) -> Result<Receipt, PaymentError> {
     let payment_id =
         sqlx::query_scalar("INSERT INTO payments (order_id, cents) VALUES ($1, $2) RETURNING id")
             .bind(&event.order_id)
@@ -48,11 +45,18 @@ async fn record_payments(
     tx: &mut PgConnection,
     events: &[&OrderEvent],
 ) -> Result<(), PaymentError> {
-    sqlx::query("INSERT INTO payments (order_id, cents) SELECT * FROM unnest($1::text[], $2::bigint[])")
-        .bind(events.iter().map(|e| e.order_id.as_str()).collect::<Vec<_>>())
-        .bind(events.iter().map(|e| e.amount_cents).collect::<Vec<_>>())
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "INSERT INTO payments (order_id, cents) SELECT * FROM unnest($1::text[], $2::bigint[])",
+    )
+    .bind(
+        events
+            .iter()
+            .map(|e| e.order_id.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(events.iter().map(|e| e.amount_cents).collect::<Vec<_>>())
+    .execute(&mut *tx)
+    .await?;
     Ok(())
 }
 
@@ -76,7 +80,7 @@ impl Mailer {
              ON CONFLICT (idempotency_key) DO NOTHING",
         )
         .bind(order_id)
-        .bind(self.deduplicates.then(|| key.as_uuid()))
+        .bind(self.deduplicates.then_some(key.as_uuid()))
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -85,11 +89,7 @@ impl Mailer {
 
 /// The README's lease-mode handler, with a lease short enough for tests.
 #[idempotent(key = "order_id", mode = "lease", lease = "1s")]
-async fn send_receipt(
-    lease: &Lease,
-    event: &OrderEvent,
-    mailer: &Mailer,
-) -> Result<(), MailError> {
+async fn send_receipt(lease: &Lease, event: &OrderEvent, mailer: &Mailer) -> Result<(), MailError> {
     mailer.send(&event.order_id, lease.key()).await?; // the provider deduplicates on the key
     Ok(())
 }
@@ -123,10 +123,9 @@ async fn a_payment_delivered_twice_applies_once(pool: PgPool) {
 async fn a_payment_raced_in_one_consumer_applies_once(pool: PgPool) {
     let idem = testing::idem(pool).await;
     let event = paid("o-race-one-process");
-    let report = testing::assert_race_applies_once(&idem, &payments(), 8, |_| {
-        apply_payment(&idem, &event)
-    })
-    .await;
+    let report =
+        testing::assert_race_applies_once(&idem, &payments(), 8, |_| apply_payment(&idem, &event))
+            .await;
     assert_eq!(report.outcomes.len(), 8);
 }
 
@@ -139,7 +138,10 @@ async fn a_payment_raced_by_consumers_on_several_machines_applies_once(pool: PgP
         apply_payment(&consumers[i], &event)
     })
     .await;
-    assert_eq!(report.executed() + report.duplicates() + report.in_progress(), 8);
+    assert_eq!(
+        report.executed() + report.duplicates() + report.in_progress(),
+        8
+    );
 }
 
 #[sqlx::test(migrations = "tests/testing_kit/migrations")]
@@ -184,13 +186,24 @@ async fn a_payment_survives_its_backend_killed_mid_body(pool: PgPool) {
 async fn a_payment_survives_its_backend_killed_during_commit(pool: PgPool) {
     let idem = testing::idem(pool).await;
     // The kill and the commit race: either may win, and the check holds both ways.
+    let (mut executed, mut committed_unseen, mut rolled_back) = (0, 0, 0);
     for n in 0..6 {
         let event = paid(&format!("o-killed-commit-{n}"));
-        testing::assert_survives(&idem, Fault::KillBackendDuringCommit, &payments(), || {
-            apply_payment(&idem, &event)
-        })
-        .await;
+        let survival =
+            testing::assert_survives(&idem, Fault::KillBackendDuringCommit, &payments(), || {
+                apply_payment(&idem, &event)
+            })
+            .await;
+        match (&survival.faulty, survival.committed_unseen) {
+            (Ok(_), _) => executed += 1,
+            (Err(_), true) => committed_unseen += 1,
+            (Err(_), false) => rolled_back += 1,
+        }
     }
+    eprintln!(
+        "killed during COMMIT: {executed} reported Executed, {committed_unseen} committed \
+         unseen, {rolled_back} rolled back"
+    );
 }
 
 #[sqlx::test(migrations = "tests/testing_kit/migrations")]
@@ -209,10 +222,11 @@ async fn a_batch_of_payments_survives_a_lost_batch_commit(pool: PgPool) {
     let events = [paid("o-batch")];
     let (idem, events) = (&idem, &events);
     // The batch's commit is lost; its messages are processed again one by one.
-    let survival = testing::assert_survives(idem, Fault::FailBeforeCommit, &payments(), || async move {
-        record_payments(idem, events).await.remove(0)
-    })
-    .await;
+    let survival =
+        testing::assert_survives(idem, Fault::FailBeforeCommit, &payments(), || async move {
+            record_payments(idem, events).await.remove(0)
+        })
+        .await;
     assert!(
         matches!(survival.faulty, Ok(Outcome::Executed(()))),
         "{survival:?}"
@@ -227,10 +241,7 @@ async fn a_receipt_delivered_twice_is_sent_once(pool: PgPool) {
     };
     let idem = testing::idem(pool).await;
     let event = paid("o-receipt");
-    testing::assert_idempotent(&idem, &receipts(), || {
-        send_receipt(&idem, &event, &mailer)
-    })
-    .await;
+    testing::assert_idempotent(&idem, &receipts(), || send_receipt(&idem, &event, &mailer)).await;
 }
 
 #[sqlx::test(migrations = "tests/testing_kit/migrations")]

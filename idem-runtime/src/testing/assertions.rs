@@ -54,7 +54,9 @@ where
             "{CONTEXT}: delivery 1 of 2: expected Executed, got Duplicate({value:?}): the \
              message was applied before the test; deliver a message whose key is new"
         ),
-        Err(error) => panic!("{CONTEXT}: delivery 1 of 2: expected Executed, got the error {error:?}"),
+        Err(error) => {
+            panic!("{CONTEXT}: delivery 1 of 2: expected Executed, got the error {error:?}")
+        }
     };
     assert!(
         after_first == before + 1,

@@ -16,6 +16,19 @@ use crate::{Error, Idem, Outcome};
 const MOST_SUSPENSIONS: u32 = 500;
 
 /// What [`assert_survives_drops`] saw.
+///
+/// ```no_run
+/// # use idem_runtime::{Idem, Outcome, Error};
+/// # async fn ship(idem: &Idem, order: String) -> Result<Outcome<()>, Error<std::io::Error>> { todo!() }
+/// # async fn test(idem: Idem) {
+/// use idem_runtime::testing::{self, Effects};
+///
+/// let shipments = Effects::query("SELECT count(*) FROM shipments");
+/// let idem = &idem;
+/// let drops = testing::assert_survives_drops(idem, &shipments, |n| ship(idem, format!("o-{n}"))).await;
+/// println!("{} drops, {} after the commit", drops.dropped, drops.committed_before_drop);
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Drops {
@@ -144,7 +157,10 @@ where
 
 /// Polls `future` until it is done (its output), or until it was suspended `suspensions`
 /// times (`None`): the caller then drops it, suspended.
-async fn until_suspended<F: Future>(mut future: Pin<&mut F>, suspensions: u32) -> Option<F::Output> {
+async fn until_suspended<F: Future>(
+    mut future: Pin<&mut F>,
+    suspensions: u32,
+) -> Option<F::Output> {
     let mut suspended = 0;
     std::future::poll_fn(|cx| match future.as_mut().poll(cx) {
         Poll::Ready(output) => Poll::Ready(Some(output)),

@@ -18,6 +18,14 @@ use crate::Idem;
 /// point chosen so that the delivery cannot both apply its effects and report
 /// `Executed` correctly by luck. [`assert_survives`](super::assert_survives) checks that
 /// the handler's effects are still applied exactly once.
+///
+/// ```
+/// use idem_runtime::testing::Fault;
+///
+/// let transaction_mode: Vec<Fault> =
+///     Fault::ALL.into_iter().filter(|fault| !fault.is_lease_mode()).collect();
+/// assert_eq!(transaction_mode.len(), 3);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Fault {
@@ -81,6 +89,18 @@ impl Fault {
 
 /// A fault armed on a runtime handle by [`inject`]. Dropping it disarms the fault if it
 /// has not fired.
+///
+/// ```no_run
+/// # use idem_runtime::{Idem, Outcome, Error};
+/// # async fn ship(idem: &Idem, order: &str) -> Result<Outcome<()>, Error<std::io::Error>> { todo!() }
+/// # async fn test(idem: Idem) {
+/// use idem_runtime::testing::{self, Fault};
+///
+/// let injection = testing::inject(&idem, Fault::KillBackendInBody);
+/// let _ = ship(&idem, "o-1").await;
+/// assert!(injection.disarm(), "the delivery did not reach its body");
+/// # }
+/// ```
 #[derive(Debug)]
 #[must_use = "the fault is disarmed when the injection is dropped"]
 pub struct Injection {
@@ -297,5 +317,37 @@ impl Kill {
             Err(error) => tracing::warn!(pid = self.pid, %error, "could not terminate the backend"),
         }
         let _ = self.killer.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fault_is_taken_once_and_only_at_its_own_point() {
+        let slot = FaultSlot::default();
+        assert!(slot.take(&[Fault::FailBeforeCommit]).is_none());
+        let fired = Arc::new(AtomicBool::new(false));
+        slot.arm(Fault::AbandonLease, fired.clone());
+        assert!(slot.take(&[Fault::FailBeforeCommit]).is_none());
+        let (fault, taken) = slot.take(&[Fault::AbandonLease]).expect("armed");
+        assert_eq!(fault, Fault::AbandonLease);
+        assert!(Arc::ptr_eq(&taken, &fired));
+        assert!(slot.take(&[Fault::AbandonLease]).is_none());
+    }
+
+    #[test]
+    fn disarming_takes_back_only_the_same_injection() {
+        let slot = FaultSlot::default();
+        let first = Arc::new(AtomicBool::new(false));
+        slot.arm(Fault::FailBeforeCommit, first.clone());
+        let second = Arc::new(AtomicBool::new(false));
+        slot.arm(Fault::KillBackendInBody, second.clone());
+        slot.disarm(&first);
+        assert!(slot.take(&[Fault::KillBackendInBody]).is_some());
+        slot.arm(Fault::KillBackendInBody, second.clone());
+        slot.disarm(&second);
+        assert!(slot.take(&[Fault::KillBackendInBody]).is_none());
     }
 }

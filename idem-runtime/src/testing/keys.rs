@@ -36,7 +36,11 @@ pub(crate) struct TouchedKey {
 
 impl std::fmt::Display for TouchedKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} in scope {} ({:?})", self.key, self.scope, self.status)
+        write!(
+            f,
+            "{} in scope {} ({:?})",
+            self.key, self.scope, self.status
+        )
     }
 }
 

@@ -13,6 +13,16 @@ use super::keys::{KeySnapshot, assert_all_succeeded};
 use crate::{Error, Idem, Outcome};
 
 /// The outcomes of a [`race`], one per racer, in the racers' order.
+///
+/// ```no_run
+/// # use idem_runtime::{Idem, Outcome, Error};
+/// # async fn ship(idem: &Idem) -> Result<Outcome<()>, Error<std::io::Error>> { todo!() }
+/// # async fn test(idem: Idem) {
+/// let report = idem_runtime::testing::race(4, |_| ship(&idem)).await;
+/// assert_eq!(report.executed() + report.duplicates() + report.in_progress(), 4, "{report}");
+/// assert_eq!(report.errors().count(), 0);
+/// # }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct RaceReport<T, E> {
@@ -46,7 +56,10 @@ impl<T, E> RaceReport<T, E> {
     }
 
     fn count(&self, matching: impl Fn(&Result<Outcome<T>, Error<E>>) -> bool) -> usize {
-        self.outcomes.iter().filter(|outcome| matching(outcome)).count()
+        self.outcomes
+            .iter()
+            .filter(|outcome| matching(outcome))
+            .count()
     }
 }
 
@@ -201,7 +214,11 @@ async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
                 }
             }
         }
-        if pending { Poll::Pending } else { Poll::Ready(()) }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
     })
     .await;
     outputs

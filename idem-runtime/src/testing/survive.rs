@@ -11,6 +11,21 @@ use crate::store::Status;
 use crate::{Error, Idem, Outcome};
 
 /// What [`assert_survives`] saw.
+///
+/// ```no_run
+/// # use idem_runtime::{Idem, Outcome, Error};
+/// # async fn ship(idem: &Idem) -> Result<Outcome<()>, Error<std::io::Error>> { todo!() }
+/// # async fn test(idem: Idem) {
+/// use idem_runtime::testing::{self, Effects, Fault};
+///
+/// let shipments = Effects::query("SELECT count(*) FROM shipments");
+/// let survival =
+///     testing::assert_survives(&idem, Fault::KillBackendDuringCommit, &shipments, || ship(&idem)).await;
+/// if survival.committed_unseen {
+///     println!("the commit went through before the backend died: {:?}", survival.faulty);
+/// }
+/// # }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Survival<T, E> {
