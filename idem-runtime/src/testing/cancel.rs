@@ -55,6 +55,10 @@ pub struct Drops {
 /// `deliver(n)` must deliver a message of its own for each `n` (a key new to the status
 /// table), the same message for the same `n`.
 ///
+/// The points are those where the delivery waits in this run: a statement whose answer
+/// is already there when the delivery looks for it costs no suspension, so on a fast
+/// local database some points of a run may differ from the next run's.
+///
 /// ```no_run
 /// # use idem_runtime::{Idem, Outcome, Error};
 /// # struct OrderEvent { order_id: String }
