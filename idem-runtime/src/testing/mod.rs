@@ -124,11 +124,13 @@
 //! Dropping a delivery needs no fault: [`assert_survives_drops`] drops it at each point
 //! where it waits.
 //!
-//! # Tools for tests of the runtime's protocol
+//! # Lower-level tools
 //!
-//! [`Checkpoint`] pauses a handler body where a test wants it, [`count_rows`] counts a
-//! table's rows, and [`wait_for_lease_expiry`] waits for a lease to expire on the
-//! database's clock.
+//! [`race`] delivers a message concurrently and reports the outcomes without judging
+//! them; [`processes`] gives handles that race in PostgreSQL rather than inside the
+//! process. [`Checkpoint`] pauses a handler body where a test wants it, [`count_rows`]
+//! counts a table's rows, and [`wait_for_lease_expiry`] waits for a lease to expire on
+//! the database's clock.
 
 mod assertions;
 mod cancel;
