@@ -533,6 +533,12 @@ enum Fallback {
 
 /// Commits the batch transaction `xid` with the check of [`transactional::commit_checked`].
 async fn commit(idem: &Idem, tx: Transaction<'static, Postgres>, xid: i64) -> Result<(), Fallback> {
+    // Tests only: a connection lost before the batch's commit (the feature `testing`).
+    #[cfg(feature = "testing")]
+    if let Some(lost) = crate::testing::faults::before_commit(idem) {
+        let _ = tx.rollback().await;
+        return Err(Fallback::Database(lost));
+    }
     match transactional::commit_checked(tx, &idem.statements().commit_only(xid)).await {
         Ok(()) => Ok(()),
         Err(error) if transactional::ended_by_body(&error) => {

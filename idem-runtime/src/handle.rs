@@ -51,6 +51,9 @@ struct Inner {
     in_flight: InFlight,
     duplicate_rates: DuplicateRates,
     session_lock_timeout: tokio::sync::OnceCell<String>,
+    /// The faults a test armed for this handle's next deliveries.
+    #[cfg(feature = "testing")]
+    faults: crate::testing::FaultSlot,
 }
 
 impl Idem {
@@ -81,8 +84,29 @@ impl Idem {
                 in_flight: InFlight::default(),
                 duplicate_rates: DuplicateRates::default(),
                 session_lock_timeout: tokio::sync::OnceCell::new(),
+                #[cfg(feature = "testing")]
+                faults: Default::default(),
             }),
         }
+    }
+
+    /// A handle over the same pool, settings and cache that shares no state of the
+    /// process with this one (turns of in-flight keys, checked scopes, armed faults), as
+    /// another consumer process's handle would.
+    #[cfg(feature = "testing")]
+    pub(crate) fn another_process(&self) -> Idem {
+        let inner = &self.inner;
+        Self::with_config(
+            inner.pool.clone(),
+            inner.config.clone(),
+            inner.cache.clone(),
+        )
+    }
+
+    /// The faults a test armed for this handle's next deliveries.
+    #[cfg(feature = "testing")]
+    pub(crate) fn faults(&self) -> &crate::testing::FaultSlot {
+        &self.inner.faults
     }
 
     /// The connection pool.

@@ -232,6 +232,11 @@ where
     let attempt = match claimed {
         Ok(LeaseClaim::Won { attempt }) => {
             tx.commit().await?;
+            // Tests only: a worker that vanishes holding the lease (the feature `testing`).
+            #[cfg(feature = "testing")]
+            if let Some(lost) = crate::testing::faults::after_lease_claim(idem) {
+                return Err(Error::Database(lost));
+            }
             attempt
         }
         Ok(LeaseClaim::Existing(existing)) => {
@@ -260,6 +265,11 @@ where
     let (text, failure) = match result {
         Ok(value) => {
             let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;
+            // Tests only: a worker that vanishes after its effect (the feature `testing`).
+            #[cfg(feature = "testing")]
+            if let Some(lost) = crate::testing::faults::before_lease_completion(idem) {
+                return Err(Error::Database(lost));
+            }
             let completed = async {
                 let mut tx = idem.bounded_transaction().await?;
                 let completed = statements

@@ -213,6 +213,7 @@ pub mod scope;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 pub mod transactional;
 

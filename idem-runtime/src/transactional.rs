@@ -196,14 +196,29 @@ where
             Err(error) => return Err(Error::Database(error)),
         };
 
+        // Tests only: a fault armed on the handle (the feature `testing`).
+        #[cfg(feature = "testing")]
+        let mut kill = crate::testing::faults::BackendKill::at_claim(idem, &mut tx).await;
         let running = Timer::start();
+        #[cfg(feature = "testing")]
+        let (tx, result) = kill.during_body(body(tx)).await;
+        #[cfg(not(feature = "testing"))]
         let (tx, result) = body(tx).await;
         running.handler(scope, mode);
         let failure = match result {
             Ok(value) => {
                 let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;
                 let commit = idem.statements().commit(scope, uuid, xid, stored.as_ref());
-                match commit_checked(tx, &commit).await {
+                #[cfg(feature = "testing")]
+                if let Some(lost) = crate::testing::faults::before_commit(idem) {
+                    let _ = tx.rollback().await;
+                    return Err(Error::Database(lost));
+                }
+                #[cfg(feature = "testing")]
+                let committed = kill.during_commit(commit_checked(tx, &commit)).await;
+                #[cfg(not(feature = "testing"))]
+                let committed = commit_checked(tx, &commit).await;
+                match committed {
                     Ok(()) => {
                         cache::remember(
                             idem,

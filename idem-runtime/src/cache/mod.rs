@@ -111,7 +111,7 @@ pub fn handler_cache<O: HandlerCacheOption>(option: O) -> CachePolicy {
 }
 
 /// The cache of a runtime handle, if one is set up.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct CacheSlot {
     #[cfg(feature = "redis")]
     cache: Option<std::sync::Arc<Cache>>,
