@@ -435,7 +435,12 @@ impl<H: Handler> Consumer<H> {
         store_position: bool,
     ) -> Fate {
         let written = async {
-            let mut tx = self.idem.pool().begin().await?;
+            // In a task of its own: sqlx 0.8 returns a connection to the pool inside an
+            // open transaction when `begin` is dropped while `BEGIN` is in flight.
+            let pool = self.idem.pool().clone();
+            let mut tx = tokio::spawn(async move { pool.begin().await })
+                .await
+                .map_err(|joined| sqlx::Error::Io(std::io::Error::other(joined)))??;
             let new = dead_letter::insert(
                 &mut tx,
                 &self.schema,

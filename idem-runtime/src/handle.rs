@@ -162,12 +162,20 @@ impl Idem {
     }
 
     /// A transaction whose lock waits are bounded by the lock timeout.
+    ///
+    /// Cancel-safe: sqlx 0.8's `begin` returns a connection to the pool inside its open
+    /// transaction when the future is dropped while `BEGIN` is in flight, and the pool's
+    /// next user then runs inside it. The `BEGIN` runs in a task of its own: a delivery
+    /// dropped meanwhile leaves the task to finish, and the transaction it opened is
+    /// rolled back when the task drops it.
     pub(crate) async fn bounded_transaction(
         &self,
     ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-        self.pool()
-            .begin_with(self.statements().begin.clone())
+        let pool = self.pool().clone();
+        let begin = self.statements().begin.clone();
+        tokio::spawn(async move { pool.begin_with(begin).await })
             .await
+            .map_err(|joined| sqlx::Error::Io(std::io::Error::other(joined)))?
     }
 
     /// What the Redis cache did so far (hits, misses, errors, writes, ...), or `None`

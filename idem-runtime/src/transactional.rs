@@ -324,10 +324,7 @@ pub(crate) async fn record_failure(
     max_attempts: u32,
 ) -> Option<(u32, bool)> {
     let recorded = async {
-        let mut tx = idem
-            .pool()
-            .begin_with(idem.statements().begin.clone())
-            .await?;
+        let mut tx = idem.bounded_transaction().await?;
         let recorded = idem
             .statements()
             .record_failure(

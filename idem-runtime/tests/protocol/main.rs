@@ -17,6 +17,7 @@ mod batch_smoke;
 mod concurrent_deliveries_execute_once;
 mod dropped_future_leaves_no_claim;
 mod dropped_mid_statement_holds_claim_until_it_ends;
+mod dropped_while_beginning_leaves_no_open_transaction;
 mod duplicate_of_success_writes_nothing;
 mod failed_handler_rolls_back_and_retries;
 mod fingerprint_option_none_is_a_value_not_a_missing_key;
