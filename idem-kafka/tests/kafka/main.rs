@@ -10,6 +10,7 @@ mod batch_positions;
 mod batches;
 mod database_outage;
 mod end_to_end;
+mod ledger_under_faults;
 mod lease_mode;
 mod per_message;
 mod spans;

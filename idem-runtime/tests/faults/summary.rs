@@ -18,8 +18,8 @@ pub struct Summary<'v> {
     pub deliveries: u64,
     /// Faults per kind.
     pub faults: Vec<(&'static str, u64)>,
-    /// Redis writes that failed after a commit (Redis down between the commit and the
-    /// cache write), and duplicates answered by Redis.
+    /// Cache writes that failed after their commit: Redis went down between the commit
+    /// and the cache write (the success is then only in PostgreSQL, as it must be).
     pub cache_write_errors: u64,
     /// Duplicates answered by Redis.
     pub cache_hits: u64,
