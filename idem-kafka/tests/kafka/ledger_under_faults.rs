@@ -206,7 +206,11 @@ async fn committed_offsets_never_pass_an_uncommitted_effect_under_faults(pool: P
     let mut records: Vec<(String, Vec<u8>, Option<String>)> = Vec::new();
     for n in 0..PAYMENTS {
         let payment = Payment {
-            payment_id: Some(format!("{}-pay-{n}:{}", harness.id, HOSTILE[n % HOSTILE.len()])),
+            payment_id: Some(format!(
+                "{}-pay-{n}:{}",
+                harness.id,
+                HOSTILE[n % HOSTILE.len()]
+            )),
             account: format!("acct-{}", n % 17),
             amount_cents: (n as i64 * 7919) % 100_000 + 1,
             memo: HOSTILE[(n / 3) % HOSTILE.len()].to_owned(),
@@ -220,9 +224,17 @@ async fn committed_offsets_never_pass_an_uncommitted_effect_under_faults(pool: P
     }
     let mut bad = 0;
     for n in 0..10 {
-        records.push((format!("bad{n}"), b"{\"payment_id\": \xc3\x28".to_vec(), None));
+        records.push((
+            format!("bad{n}"),
+            b"{\"payment_id\": \xc3\x28".to_vec(),
+            None,
+        ));
         let missing = serde_json::json!({"account": "acct-1", "amount_cents": 5, "memo": "no id"});
-        records.push((format!("missing{n}"), serde_json::to_vec(&missing).unwrap(), None));
+        records.push((
+            format!("missing{n}"),
+            serde_json::to_vec(&missing).unwrap(),
+            None,
+        ));
         bad += 2;
     }
     // Interleave the bad inputs with the payments.
@@ -329,7 +341,13 @@ async fn committed_offsets_never_pass_an_uncommitted_effect_under_faults(pool: P
 
     wait_until(
         Duration::from_secs(180),
-        || idem_kafka::caught_up(all_stats.iter().map(Arc::as_ref), &harness.topic, &end_offsets),
+        || {
+            idem_kafka::caught_up(
+                all_stats.iter().map(Arc::as_ref),
+                &harness.topic,
+                &end_offsets,
+            )
+        },
         || format!("every partition consumed to {end_offsets:?}"),
     )
     .await;
@@ -338,7 +356,11 @@ async fn committed_offsets_never_pass_an_uncommitted_effect_under_faults(pool: P
     let backends_killed = backends_killed.load(Ordering::Relaxed);
     harness.stop(members).await;
     let covered_at_end = check_committed_offsets(&harness, &checks, &sent, "at the end").await;
-    assert_eq!(covered_at_end, sent.len(), "every record committed at the end");
+    assert_eq!(
+        covered_at_end,
+        sent.len(),
+        "every record committed at the end"
+    );
 
     // Exactly once: one entry per payment, with its amount; balances add up.
     let entries: Vec<(String, i64, i64)> = sqlx::query_as(
@@ -361,10 +383,11 @@ async fn committed_offsets_never_pass_an_uncommitted_effect_under_faults(pool: P
             assert_eq!(*sum, payment.amount_cents, "{payment:?}");
         }
     }
-    let balance: i64 = sqlx::query_scalar("SELECT coalesce(sum(balance), 0)::bigint FROM faults_accounts")
-        .fetch_one(&checks)
-        .await
-        .unwrap();
+    let balance: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(balance), 0)::bigint FROM faults_accounts")
+            .fetch_one(&checks)
+            .await
+            .unwrap();
     let expected: i64 = payments.iter().map(|p| p.amount_cents).sum();
     // A record redelivered after a kill may be dead-lettered again: count positions.
     let dead: HashSet<(i32, i64)> = verify::dead_letters(&checks, &harness.group)
@@ -387,8 +410,15 @@ async fn committed_offsets_never_pass_an_uncommitted_effect_under_faults(pool: P
     );
     assert_eq!((lost, doubled), (0, 0));
     assert_eq!(entries.len(), PAYMENTS);
-    assert_eq!(balance, expected, "balances are the sums of the distinct payments");
-    assert_eq!(dead.len(), bad, "every bad input dead-lettered, nothing else: {dead:?}");
+    assert_eq!(
+        balance, expected,
+        "balances are the sums of the distinct payments"
+    );
+    assert_eq!(
+        dead.len(),
+        bad,
+        "every bad input dead-lettered, nothing else: {dead:?}"
+    );
     checks.close().await;
     harness.finish().await;
 }

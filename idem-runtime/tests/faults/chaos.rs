@@ -34,7 +34,8 @@ use crate::throwaway_redis::ThrowawayRedis;
 use crate::workers::{Attempt, Run, Why, conclude, deliver};
 
 /// The application names of the workload's connections, the ones the chaos kills.
-pub const WORKLOAD_CONNECTIONS: &[&str] = &["ledger-worker", "ledger-serializable", "external-service"];
+pub const WORKLOAD_CONNECTIONS: &[&str] =
+    &["ledger-worker", "ledger-serializable", "external-service"];
 
 /// The first statement of the runtime's commit query (`Statements::commit`).
 const COMMIT_STATEMENT: &str = "SELECT 1 / coalesce(pg_current_xact_id_if_assigned()";
@@ -62,7 +63,12 @@ impl Chaos {
     }
 
     /// Kills a random busy backend of the workload every 40-160 ms.
-    pub fn kill_backends(&mut self, chaos: PgPool, counts: Arc<FaultCounts>, mut random: SeededRandom) {
+    pub fn kill_backends(
+        &mut self,
+        chaos: PgPool,
+        counts: Arc<FaultCounts>,
+        mut random: SeededRandom,
+    ) {
         let stop = self.stopping();
         self.tasks.push(tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
@@ -85,7 +91,12 @@ impl Chaos {
 
     /// Watches `pg_stat_activity` for backends running the commit statement and kills
     /// them, then pauses a little so that most commits still get through.
-    pub fn kill_commits(&mut self, chaos: PgPool, counts: Arc<FaultCounts>, mut random: SeededRandom) {
+    pub fn kill_commits(
+        &mut self,
+        chaos: PgPool,
+        counts: Arc<FaultCounts>,
+        mut random: SeededRandom,
+    ) {
         let stop = self.stopping();
         self.tasks.push(tokio::spawn(async move {
             let pattern = format!("{COMMIT_STATEMENT}%");
@@ -180,7 +191,12 @@ impl Chaos {
 
     /// Runs the retention cleanup every 20-100 ms with a window of 1 ms on the receipts'
     /// scope (7 days elsewhere), on connections of its own.
-    pub fn race_retention(&mut self, cleaner: Idem, counts: Arc<FaultCounts>, mut random: SeededRandom) {
+    pub fn race_retention(
+        &mut self,
+        cleaner: Idem,
+        counts: Arc<FaultCounts>,
+        mut random: SeededRandom,
+    ) {
         let stop = self.stopping();
         self.tasks.push(tokio::spawn(async move {
             let retention = Retention::new(Duration::from_secs(7 * 24 * 3600))
@@ -206,7 +222,8 @@ pub fn lock_order_pairs(run: Arc<Run>, mut random: SeededRandom) -> JoinHandle<(
     tokio::spawn(async move {
         for &(a, b) in &run.plan.lock_order_pairs {
             tokio::time::sleep(Duration::from_millis(random.between(100, 600))).await;
-            let (first, second) = tokio::join!(deliver(&run, &run.idem, a), deliver(&run, &run.idem, b));
+            let (first, second) =
+                tokio::join!(deliver(&run, &run.idem, a), deliver(&run, &run.idem, b));
             FaultCounts::bump(&run.counts.lock_order_pairs);
             conclude(&run, &mut random, a, first);
             conclude(&run, &mut random, b, second);

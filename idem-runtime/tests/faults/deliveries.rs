@@ -229,7 +229,14 @@ impl Builder<'_> {
         id
     }
 
-    fn push_payment(&mut self, route: Route, payment: Payment, expect: Fate, owner: Owner, kind: &'static str) -> usize {
+    fn push_payment(
+        &mut self,
+        route: Route,
+        payment: Payment,
+        expect: Fate,
+        owner: Owner,
+        kind: &'static str,
+    ) -> usize {
         let payload = serde_json::to_vec(&payment).unwrap();
         self.push(route, payload, Some(payment), expect, owner, kind)
     }
@@ -277,20 +284,38 @@ impl Plan {
                 let mut payment = builder.payment(Behaviour::LockOrder);
                 payment.account = own;
                 payment.partner = Some(partner);
-                ids[slot] = builder.push_payment(Route::Ledger, payment, Fate::Applied, Owner::Injector, "lock-order pair");
+                ids[slot] = builder.push_payment(
+                    Route::Ledger,
+                    payment,
+                    Fate::Applied,
+                    Owner::Injector,
+                    "lock-order pair",
+                );
             }
             lock_order_pairs.push((ids[0], ids[1]));
         }
         let slow_bodies = (0..size.slow_bodies)
             .map(|_| {
                 let payment = builder.payment(Behaviour::Slow);
-                builder.push_payment(Route::Ledger, payment, Fate::Applied, Owner::Injector, "slow body")
+                builder.push_payment(
+                    Route::Ledger,
+                    payment,
+                    Fate::Applied,
+                    Owner::Injector,
+                    "slow body",
+                )
             })
             .collect();
         let outlived_leases = (0..size.outlived_leases)
             .map(|_| {
                 let payment = builder.payment(Behaviour::Slow);
-                builder.push_payment(Route::External, payment, Fate::Applied, Owner::Injector, "lease outlived")
+                builder.push_payment(
+                    Route::External,
+                    payment,
+                    Fate::Applied,
+                    Owner::Injector,
+                    "lease outlived",
+                )
             })
             .collect();
 
@@ -304,49 +329,116 @@ impl Plan {
                 b"\xff\xfe{\"payment_id\": \"\xc3\x28\"}",
             ];
             let bytes = undecodable[builder.random.below(undecodable.len())].to_vec();
-            builder.push(route, bytes, None, Fate::DeadLetter(Reason::Undecodable), Owner::Queue, "undecodable");
+            builder.push(
+                route,
+                bytes,
+                None,
+                Fate::DeadLetter(Reason::Undecodable),
+                Owner::Queue,
+                "undecodable",
+            );
             // Invalid UTF-8 inside a text field of otherwise valid JSON.
             let mut invalid = serde_json::to_vec(&builder.payment(Behaviour::Plain)).unwrap();
             let at = invalid.windows(7).position(|w| w == b"\"memo\":").unwrap() + 8;
-            invalid.splice(at..at, [0xc3, 0x28, 0xa0, 0xa1]).for_each(drop);
+            invalid
+                .splice(at..at, [0xc3, 0x28, 0xa0, 0xa1])
+                .for_each(drop);
             let route = builder.any_route();
-            builder.push(route, invalid, None, Fate::DeadLetter(Reason::Undecodable), Owner::Queue, "invalid UTF-8");
+            builder.push(
+                route,
+                invalid,
+                None,
+                Fate::DeadLetter(Reason::Undecodable),
+                Owner::Queue,
+                "invalid UTF-8",
+            );
 
             let route = builder.any_route();
             let mut none = builder.payment(Behaviour::Plain);
             none.payment_id = None;
-            builder.push_payment(route, none, Fate::DeadLetter(Reason::MissingKey), Owner::Queue, "null key");
+            builder.push_payment(
+                route,
+                none,
+                Fate::DeadLetter(Reason::MissingKey),
+                Owner::Queue,
+                "null key",
+            );
             let mut missing = serde_json::to_value(builder.payment(Behaviour::Plain)).unwrap();
             missing.as_object_mut().unwrap().remove("payment_id");
             let route = builder.any_route();
-            builder.push(route, serde_json::to_vec(&missing).unwrap(), None, Fate::DeadLetter(Reason::MissingKey), Owner::Queue, "missing key");
+            builder.push(
+                route,
+                serde_json::to_vec(&missing).unwrap(),
+                None,
+                Fate::DeadLetter(Reason::MissingKey),
+                Owner::Queue,
+                "missing key",
+            );
 
             // Refused by PostgreSQL on every attempt, so parked: NUL bytes, over-long fields.
             let route = builder.any_route();
             let mut nul = builder.payment(Behaviour::Plain);
             nul.memo = format!("nul \0 inside {}", builder.hostile());
-            builder.push_payment(route, nul, Fate::DeadLetter(Reason::Parked), Owner::Queue, "NUL in memo");
+            builder.push_payment(
+                route,
+                nul,
+                Fate::DeadLetter(Reason::Parked),
+                Owner::Queue,
+                "NUL in memo",
+            );
             let route = builder.any_route();
             let mut nul_key = builder.payment(Behaviour::Plain);
             nul_key.payment_id = Some(format!("pay-\0-{}", builder.messages.len()));
-            builder.push_payment(route, nul_key, Fate::DeadLetter(Reason::Parked), Owner::Queue, "NUL in key");
+            builder.push_payment(
+                route,
+                nul_key,
+                Fate::DeadLetter(Reason::Parked),
+                Owner::Queue,
+                "NUL in key",
+            );
             let route = builder.any_route();
             let mut long_memo = builder.payment(Behaviour::Plain);
             long_memo.memo = "m".repeat(20_000);
-            builder.push_payment(route, long_memo, Fate::DeadLetter(Reason::Parked), Owner::Queue, "over-long memo");
+            builder.push_payment(
+                route,
+                long_memo,
+                Fate::DeadLetter(Reason::Parked),
+                Owner::Queue,
+                "over-long memo",
+            );
             let route = builder.any_route();
             let mut long_account = builder.payment(Behaviour::Plain);
             long_account.account = format!("acct-{}", "a".repeat(300));
-            builder.push_payment(route, long_account, Fate::DeadLetter(Reason::Parked), Owner::Queue, "over-long account");
+            builder.push_payment(
+                route,
+                long_account,
+                Fate::DeadLetter(Reason::Parked),
+                Owner::Queue,
+                "over-long account",
+            );
             let route = builder.any_route();
             let mut long_key = builder.payment(Behaviour::Plain);
-            long_key.payment_id = Some(format!("pay-{}-{}", builder.messages.len(), "k".repeat(100_000)));
-            builder.push_payment(route, long_key, Fate::DeadLetter(Reason::Parked), Owner::Queue, "over-long key");
+            long_key.payment_id = Some(format!(
+                "pay-{}-{}",
+                builder.messages.len(),
+                "k".repeat(100_000)
+            ));
+            builder.push_payment(
+                route,
+                long_key,
+                Fate::DeadLetter(Reason::Parked),
+                Owner::Queue,
+                "over-long key",
+            );
         }
 
         // The payments of the queue: about 2.5 deliveries each.
         let first_plain = builder.messages.len();
-        let mut queued = builder.messages.iter().map(|m| m.copies as usize).sum::<usize>();
+        let mut queued = builder
+            .messages
+            .iter()
+            .map(|m| m.copies as usize)
+            .sum::<usize>();
         while queued < size.deliveries {
             let route = match builder.random.below(10) {
                 0..=5 => Route::Ledger,
@@ -354,8 +446,16 @@ impl Plan {
                 _ => Route::Receipt,
             };
             let (behaviour, expect, kind) = match builder.random.below(100) {
-                0..=3 => (Behaviour::FailsFirstAttempt, Fate::Applied, "fails its first attempt"),
-                4 => (Behaviour::AlwaysFails, Fate::DeadLetter(Reason::Parked), "always fails"),
+                0..=3 => (
+                    Behaviour::FailsFirstAttempt,
+                    Fate::Applied,
+                    "fails its first attempt",
+                ),
+                4 => (
+                    Behaviour::AlwaysFails,
+                    Fate::DeadLetter(Reason::Parked),
+                    "always fails",
+                ),
                 _ => (Behaviour::Plain, Fate::Applied, "plain"),
             };
             let payment = builder.payment(behaviour);
@@ -368,7 +468,11 @@ impl Plan {
         let originals: Vec<usize> = (first_plain..builder.messages.len())
             .filter(|&id| {
                 let message = &builder.messages[id];
-                message.route != Route::Receipt && message.payment.as_ref().is_some_and(|p| p.behaviour == Behaviour::Plain)
+                message.route != Route::Receipt
+                    && message
+                        .payment
+                        .as_ref()
+                        .is_some_and(|p| p.behaviour == Behaviour::Plain)
             })
             .take(size.bad_inputs_per_kind * 2)
             .collect();
@@ -377,7 +481,13 @@ impl Plan {
             let route = source.route;
             let mut payment = source.payment.clone().unwrap();
             payment.amount_cents += 1;
-            let id = builder.push_payment(route, payment, Fate::DeadLetter(Reason::PayloadMismatch), Owner::Queue, "same key, other payload");
+            let id = builder.push_payment(
+                route,
+                payment,
+                Fate::DeadLetter(Reason::PayloadMismatch),
+                Owner::Queue,
+                "same key, other payload",
+            );
             builder.messages[id].variant_of = Some(original);
         }
 

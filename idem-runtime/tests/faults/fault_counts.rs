@@ -57,26 +57,49 @@ impl FaultCounts {
     pub fn rows(&self) -> Vec<(&'static str, u64)> {
         let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         vec![
-            ("handler errors, transient", read(&self.transient_handler_errors)),
-            ("handler errors, permanent", read(&self.permanent_handler_errors)),
+            (
+                "handler errors, transient",
+                read(&self.transient_handler_errors),
+            ),
+            (
+                "handler errors, permanent",
+                read(&self.permanent_handler_errors),
+            ),
             ("tasks aborted mid-delivery", read(&self.aborted_tasks)),
             ("futures dropped mid-delivery", read(&self.dropped_futures)),
             ("backends killed at random", read(&self.backends_killed)),
             ("backends killed in COMMIT", read(&self.commits_killed)),
-            ("PostgreSQL restarts (immediate)", read(&self.postgres_restarts)),
+            (
+                "PostgreSQL restarts (immediate)",
+                read(&self.postgres_restarts),
+            ),
             ("Redis FLUSHALL", read(&self.redis_flushes)),
             ("Redis SHUTDOWN NOSAVE", read(&self.redis_shutdowns)),
             ("Redis killed (SIGKILL)", read(&self.redis_kills)),
-            ("lease bodies outliving their lease", read(&self.leases_outlived)),
+            (
+                "lease bodies outliving their lease",
+                read(&self.leases_outlived),
+            ),
             ("  of which completions refused", read(&self.leases_lost)),
-            ("bodies holding a key past the lock timeout", read(&self.slow_bodies)),
-            ("  duplicates timed out behind them", read(&self.lock_timeouts)),
-            ("lock-order pairs started together", read(&self.lock_order_pairs)),
+            (
+                "bodies holding a key past the lock timeout",
+                read(&self.slow_bodies),
+            ),
+            (
+                "  duplicates timed out behind them",
+                read(&self.lock_timeouts),
+            ),
+            (
+                "lock-order pairs started together",
+                read(&self.lock_order_pairs),
+            ),
             ("  deadlocks reported to bodies", read(&self.deadlocks)),
-            ("serialization failures reported to bodies", read(&self.serialization_failures)),
+            (
+                "serialization failures reported to bodies",
+                read(&self.serialization_failures),
+            ),
             ("retention cleanups racing duplicates", read(&self.purges)),
             ("  keys they purged", read(&self.keys_purged)),
         ]
     }
-
 }

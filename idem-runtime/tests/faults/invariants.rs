@@ -73,7 +73,10 @@ fn describe(message: &Message) -> String {
         .and_then(|p| p.payment_id.as_deref())
         .map(|id| id.chars().take(60).collect::<String>())
         .unwrap_or_default();
-    format!("message {} ({}, {:?}, {id:?})", message.id, message.kind, message.route)
+    format!(
+        "message {} ({}, {:?}, {id:?})",
+        message.id, message.kind, message.route
+    )
 }
 
 /// Records the dead letters of the run (the workload's own table), then checks every
@@ -95,23 +98,28 @@ pub async fn check(pool: &PgPool, plan: &Plan, settlement: &Settlement) -> Verdi
         }
     }
 
-    let keys: HashMap<(String, Uuid), String> =
-        sqlx::query_as::<_, (String, Uuid, String)>("SELECT scope, key, status FROM idem.idem_keys")
-            .fetch_all(pool)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|(scope, key, status)| ((scope, key), status))
-            .collect();
+    let keys: HashMap<(String, Uuid), String> = sqlx::query_as::<_, (String, Uuid, String)>(
+        "SELECT scope, key, status FROM idem.idem_keys",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|(scope, key, status)| ((scope, key), status))
+    .collect();
     verdict.parked_keys = keys.values().filter(|status| *status == "parked").count() as u64;
     let mut ledger: HashMap<String, Vec<(String, i64)>> = HashMap::new();
-    for (payment_id, account, amount) in
-        sqlx::query_as::<_, (String, String, i64)>("SELECT payment_id, account, amount_cents FROM ledger_entries")
-            .fetch_all(pool)
-            .await
-            .unwrap()
+    for (payment_id, account, amount) in sqlx::query_as::<_, (String, String, i64)>(
+        "SELECT payment_id, account, amount_cents FROM ledger_entries",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
     {
-        ledger.entry(payment_id).or_default().push((account, amount));
+        ledger
+            .entry(payment_id)
+            .or_default()
+            .push((account, amount));
     }
     let mut external: HashMap<String, Vec<(String, i64, i32)>> = HashMap::new();
     for (payment_id, account, amount, calls) in sqlx::query_as::<_, (String, String, i64, i32)>(
@@ -121,7 +129,10 @@ pub async fn check(pool: &PgPool, plan: &Plan, settlement: &Settlement) -> Verdi
     .await
     .unwrap()
     {
-        external.entry(payment_id).or_default().push((account, amount, calls));
+        external
+            .entry(payment_id)
+            .or_default()
+            .push((account, amount, calls));
     }
     let mut receipts: HashMap<String, Vec<(String, i64, i64)>> = HashMap::new();
     for (payment_id, account, amount, seq) in sqlx::query_as::<_, (String, String, i64, i64)>(
@@ -131,21 +142,25 @@ pub async fn check(pool: &PgPool, plan: &Plan, settlement: &Settlement) -> Verdi
     .await
     .unwrap()
     {
-        receipts.entry(payment_id).or_default().push((account, amount, seq));
+        receipts
+            .entry(payment_id)
+            .or_default()
+            .push((account, amount, seq));
     }
     let mut purged: HashMap<Uuid, Vec<i64>> = HashMap::new();
-    for (scope, key, seq) in
-        sqlx::query_as::<_, (String, Uuid, i64)>("SELECT scope, key, seq FROM purged_keys ORDER BY seq")
-            .fetch_all(pool)
-            .await
-            .unwrap()
+    for (scope, key, seq) in sqlx::query_as::<_, (String, Uuid, i64)>(
+        "SELECT scope, key, seq FROM purged_keys ORDER BY seq",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
     {
         if scope == RECEIPT_SCOPE {
             purged.entry(key).or_default().push(seq);
         } else {
-            verdict
-                .violations
-                .push(format!("the cleanup deleted key {key} of scope {scope}, whose window is 7 days"));
+            verdict.violations.push(format!(
+                "the cleanup deleted key {key} of scope {scope}, whose window is 7 days"
+            ));
         }
     }
     verdict.effects_applied = (ledger.values().map(Vec::len).sum::<usize>()
@@ -165,11 +180,14 @@ pub async fn check(pool: &PgPool, plan: &Plan, settlement: &Settlement) -> Verdi
             None => verdict.violations.push(format!("{what} never settled")),
             Some(fate) if *fate != message.expect => {
                 if message.expect == Fate::Applied {
-                    verdict.lost.push(format!("{what}: expected applied, ended {fate:?}"));
-                } else {
                     verdict
-                        .violations
-                        .push(format!("{what}: expected {:?}, ended {fate:?}", message.expect));
+                        .lost
+                        .push(format!("{what}: expected applied, ended {fate:?}"));
+                } else {
+                    verdict.violations.push(format!(
+                        "{what}: expected {:?}, ended {fate:?}",
+                        message.expect
+                    ));
                 }
             }
             Some(_) => {}
@@ -196,14 +214,17 @@ pub async fn check(pool: &PgPool, plan: &Plan, settlement: &Settlement) -> Verdi
         };
         known_ids.insert(payment_id);
         let key = key_of(payment).expect("a payment with an id has a key");
-        let status = keys.get(&(scope_of(message.route).to_owned(), key)).map(String::as_str);
+        let status = keys
+            .get(&(scope_of(message.route).to_owned(), key))
+            .map(String::as_str);
         let payload = (payment.account.clone(), payment.amount_cents);
         let effects: Vec<(String, i64)> = match message.route {
             Route::Ledger => ledger.get(payment_id).cloned().unwrap_or_default(),
             Route::External => external
                 .get(payment_id)
                 .map(|rows| {
-                    verdict.external_repeats += rows.iter().map(|r| (r.2 - 1).max(0) as u64).sum::<u64>();
+                    verdict.external_repeats +=
+                        rows.iter().map(|r| (r.2 - 1).max(0) as u64).sum::<u64>();
                     rows.iter().map(|(a, m, _)| (a.clone(), *m)).collect()
                 })
                 .unwrap_or_default(),
@@ -213,18 +234,21 @@ pub async fn check(pool: &PgPool, plan: &Plan, settlement: &Settlement) -> Verdi
                 .unwrap_or_default(),
         };
         if effects.iter().any(|effect| *effect != payload) {
-            verdict
-                .violations
-                .push(format!("{what}: an effect with another payload: {effects:?}"));
+            verdict.violations.push(format!(
+                "{what}: an effect with another payload: {effects:?}"
+            ));
         }
         if message.expect != Fate::Applied {
             if !effects.is_empty() {
-                verdict
-                    .doubled
-                    .push(format!("{what}: dead-lettered, yet {} effect(s)", effects.len()));
+                verdict.doubled.push(format!(
+                    "{what}: dead-lettered, yet {} effect(s)",
+                    effects.len()
+                ));
             }
-            if matches!(message.expect, Fate::DeadLetter(crate::deliveries::Reason::Parked))
-                && status != Some("parked")
+            if matches!(
+                message.expect,
+                Fate::DeadLetter(crate::deliveries::Reason::Parked)
+            ) && status != Some("parked")
             {
                 verdict
                     .violations
@@ -233,12 +257,16 @@ pub async fn check(pool: &PgPool, plan: &Plan, settlement: &Settlement) -> Verdi
             continue;
         }
         if message.route == Route::Ledger {
-            let balance = expected_balances.entry(payment.account.clone()).or_default();
+            let balance = expected_balances
+                .entry(payment.account.clone())
+                .or_default();
             balance.0 += payment.amount_cents;
             balance.1 += 1;
         }
         if effects.is_empty() {
-            verdict.lost.push(format!("{what}: no effect (key status {status:?})"));
+            verdict
+                .lost
+                .push(format!("{what}: no effect (key status {status:?})"));
             continue;
         }
         if message.route == Route::Receipt {
@@ -298,12 +326,15 @@ pub async fn check(pool: &PgPool, plan: &Plan, settlement: &Settlement) -> Verdi
             .filter(|(account, expected)| balances.get(*account) != Some(expected))
             .take(10)
             .map(|(account, expected)| {
-                format!("{account:?}: expected {expected:?}, found {:?}", balances.get(account))
+                format!(
+                    "{account:?}: expected {expected:?}, found {:?}",
+                    balances.get(account)
+                )
             })
             .collect();
-        verdict
-            .violations
-            .push(format!("balances differ from the applied payments: {wrong:?}"));
+        verdict.violations.push(format!(
+            "balances differ from the applied payments: {wrong:?}"
+        ));
     }
 
     // Input = successes + dead letters, and each dead letter with its reason.

@@ -132,7 +132,11 @@ impl Hooks {
     /// A statement's error, counted when PostgreSQL reports a deadlock or a
     /// serialization failure.
     fn observe(&self, error: sqlx::Error) -> LedgerError {
-        match error.as_database_error().and_then(|db| db.code()).as_deref() {
+        match error
+            .as_database_error()
+            .and_then(|db| db.code())
+            .as_deref()
+        {
             Some("40P01") => FaultCounts::bump(&self.counts.deadlocks),
             Some("40001") => FaultCounts::bump(&self.counts.serialization_failures),
             _ => {}

@@ -156,11 +156,19 @@ pub async fn run(size: Size, drain_limit: Duration) {
         Arc::clone(&counts),
     );
     chaos.upset_redis(Arc::clone(&redis), Arc::clone(&counts), random.fork(3));
-    chaos.race_retention(Idem::new(chaos_pool.clone()), Arc::clone(&counts), random.fork(4));
+    chaos.race_retention(
+        Idem::new(chaos_pool.clone()),
+        Arc::clone(&counts),
+        random.fork(4),
+    );
 
     let mut deliverers = Vec::new();
     for n in 0..size.workers {
-        let handle = if n == 0 { serializable.clone() } else { idem.clone() };
+        let handle = if n == 0 {
+            serializable.clone()
+        } else {
+            idem.clone()
+        };
         deliverers.push(tokio::spawn(workers::one_by_one(
             Arc::clone(&run),
             handle,

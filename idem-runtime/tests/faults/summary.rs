@@ -33,20 +33,48 @@ impl fmt::Display for Summary<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let v = self.verdict;
         writeln!(f, "idem fault suite: ledger workload (seed {})", self.seed)?;
-        writeln!(f, "  {:<46} {:>9}", "messages (distinct inputs)", self.messages)?;
+        writeln!(
+            f,
+            "  {:<46} {:>9}",
+            "messages (distinct inputs)", self.messages
+        )?;
         for (kind, count) in &self.kinds {
             writeln!(f, "    {kind:<44} {count:>9}")?;
         }
-        writeln!(f, "  {:<46} {:>9}", "deliveries (duplicates, retries included)", self.deliveries)?;
+        writeln!(
+            f,
+            "  {:<46} {:>9}",
+            "deliveries (duplicates, retries included)", self.deliveries
+        )?;
         writeln!(f, "  faults injected:")?;
         for (kind, count) in &self.faults {
             writeln!(f, "    {kind:<44} {count:>9}")?;
         }
-        writeln!(f, "    {:<44} {:>9}", "cache writes failed after a commit", self.cache_write_errors)?;
-        writeln!(f, "  {:<46} {:>9}", "duplicates answered by Redis", self.cache_hits)?;
-        writeln!(f, "  {:<46} {:>9}", "effects applied (rows)", v.effects_applied)?;
-        writeln!(f, "    {:<44} {:>9}", "receipts run again after a purge", v.reruns_after_purge)?;
-        writeln!(f, "    {:<44} {:>9}", "external calls repeated, absorbed", v.external_repeats)?;
+        writeln!(
+            f,
+            "    {:<44} {:>9}",
+            "cache writes failed after a commit", self.cache_write_errors
+        )?;
+        writeln!(
+            f,
+            "  {:<46} {:>9}",
+            "duplicates answered by Redis", self.cache_hits
+        )?;
+        writeln!(
+            f,
+            "  {:<46} {:>9}",
+            "effects applied (rows)", v.effects_applied
+        )?;
+        writeln!(
+            f,
+            "    {:<44} {:>9}",
+            "receipts run again after a purge", v.reruns_after_purge
+        )?;
+        writeln!(
+            f,
+            "    {:<44} {:>9}",
+            "external calls repeated, absorbed", v.external_repeats
+        )?;
         writeln!(f, "  {:<46} {:>9}", "successes", v.successes)?;
         writeln!(f, "  {:<46} {:>9}", "dead-lettered", v.dead_letters)?;
         for (reason, count) in &v.dead_letters_by_reason {
@@ -55,7 +83,17 @@ impl fmt::Display for Summary<'_> {
         writeln!(f, "  {:<46} {:>9}", "parked keys", v.parked_keys)?;
         writeln!(f, "  {:<46} {:>9}", "lost", v.lost.len())?;
         writeln!(f, "  {:<46} {:>9}", "doubled", v.doubled.len())?;
-        writeln!(f, "  {:<46} {:>9}", "other invariants broken", v.violations.len())?;
-        write!(f, "  {:<46} {:>8.1}s", "wall time", self.wall_time.as_secs_f64())
+        writeln!(
+            f,
+            "  {:<46} {:>9}",
+            "other invariants broken",
+            v.violations.len()
+        )?;
+        write!(
+            f,
+            "  {:<46} {:>8.1}s",
+            "wall time",
+            self.wall_time.as_secs_f64()
+        )
     }
 }

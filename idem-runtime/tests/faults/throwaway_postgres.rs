@@ -57,7 +57,10 @@ impl ThrowawayPostgres {
                 .args([user, &cluster.folder.display().to_string()])
                 .status()
                 .expect("run chown");
-            assert!(status.success(), "chown {user} of the cluster's folder failed");
+            assert!(
+                status.success(),
+                "chown {user} of the cluster's folder failed"
+            );
         }
         let data = cluster.data.display().to_string();
         let initdb = cluster.run(
@@ -100,7 +103,16 @@ impl ThrowawayPostgres {
         let restarted = self.run(
             "pg_ctl",
             &[
-                "restart", "-D", &data, "-m", "immediate", "-w", "-t", "120", "-l", &log,
+                "restart",
+                "-D",
+                &data,
+                "-m",
+                "immediate",
+                "-w",
+                "-t",
+                "120",
+                "-l",
+                &log,
             ],
         );
         assert!(

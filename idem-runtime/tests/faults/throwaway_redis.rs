@@ -99,9 +99,7 @@ impl ThrowawayRedis {
     /// Stops the server the polite way (`SHUTDOWN NOSAVE`) and reaps it.
     pub async fn shut_down(&mut self) {
         // The server closes the connection instead of answering.
-        let _ = self
-            .command(redis::cmd("SHUTDOWN").arg("NOSAVE"))
-            .await;
+        let _ = self.command(redis::cmd("SHUTDOWN").arg("NOSAVE")).await;
         if let Some(mut child) = self.child.take() {
             let deadline = Instant::now() + Duration::from_secs(5);
             loop {

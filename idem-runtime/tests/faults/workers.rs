@@ -115,8 +115,7 @@ pub fn conclude(run: &Run, random: &mut SeededRandom, id: usize, attempt: Attemp
                 Why::InProgress | Why::LeaseLost => random.between(100, 400),
                 Why::Aborted | Why::Failed => random.between(10, 150),
             };
-            run.settlement
-                .retry_later(id, Duration::from_millis(pause));
+            run.settlement.retry_later(id, Duration::from_millis(pause));
         }
         Attempt::Waiting => run
             .settlement
