@@ -11,6 +11,7 @@ mod batches;
 mod database_outage;
 mod end_to_end;
 mod lease_mode;
+mod ledger_under_faults;
 mod per_message;
 mod spans;
 mod support;
