@@ -258,6 +258,24 @@ async fn a_receipt_survives_an_abandoned_lease(pool: PgPool) {
     .await;
 }
 
+/// A dropped lease-mode delivery's last statement (the `success`) may land after the check
+/// saw the key `processing`: a correct handler passes the sweep all the same, every time.
+#[sqlx::test(migrations = "tests/testing_kit/migrations")]
+async fn a_receipt_survives_drops_at_every_await_point(pool: PgPool) {
+    let mailer = &Mailer {
+        pool: pool.clone(),
+        deduplicates: true,
+    };
+    let idem = &testing::idem(pool).await;
+    for sweep in 0..3 {
+        let drops = testing::assert_survives_drops(idem, &receipts(), |n| async move {
+            send_receipt(idem, &paid(&format!("o-receipt-drop-{sweep}-{n}")), mailer).await
+        })
+        .await;
+        assert!(drops.dropped > 0, "{drops:?}");
+    }
+}
+
 #[sqlx::test(migrations = "tests/testing_kit/migrations")]
 async fn a_receipt_survives_a_worker_vanishing_after_the_effect(pool: PgPool) {
     let mailer = Mailer {

@@ -3,6 +3,7 @@
 use std::fmt::Debug;
 use std::future::Future;
 
+use super::brief::Brief;
 use super::database::Effects;
 use super::deliveries::assert_replays;
 use super::keys::{KeySnapshot, assert_all_succeeded};
@@ -55,7 +56,10 @@ where
              message was applied before the test; deliver a message whose key is new"
         ),
         Err(error) => {
-            panic!("{CONTEXT}: delivery 1 of 2: expected Executed, got the error {error:?}")
+            panic!(
+                "{CONTEXT}: delivery 1 of 2: expected Executed, got the error {:?}",
+                Brief(&error)
+            )
         }
     };
     assert!(

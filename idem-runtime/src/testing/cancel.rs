@@ -6,7 +6,8 @@ use std::future::Future;
 use std::pin::{Pin, pin};
 use std::task::Poll;
 
-use super::database::{Effects, wait_for_lease_expiry};
+use super::brief::Brief;
+use super::database::{Effects, wait_until_lease_settles};
 use super::deliveries::until_settled;
 use super::keys::{KeySnapshot, assert_all_succeeded};
 use crate::store::Status;
@@ -57,7 +58,12 @@ pub struct Drops {
 ///
 /// The points are those where the delivery waits in this run: a statement whose answer
 /// is already there when the delivery looks for it costs no suspension, so on a fast
-/// local database some points of a run may differ from the next run's.
+/// local database some points of a run may differ from the next run's. So a lease-mode
+/// effect sent without the lease's key goes unnoticed in a run where no drop lands
+/// between the effect and `success`: check lease handlers with
+/// [`assert_survives`](super::assert_survives) and
+/// [`Fault::AbandonLeaseAfterBody`](super::Fault::AbandonLeaseAfterBody) as well, which
+/// always catches it.
 ///
 /// ```no_run
 /// # use idem_runtime::{Idem, Outcome, Error};
@@ -115,9 +121,10 @@ where
             match &delivered {
                 Ok(Outcome::Executed(_)) => assert!(
                     after_drop == before + 1,
-                    "{context}: it returned {delivered:?}; expected exactly one more effect"
+                    "{context}: it returned {:?}; expected exactly one more effect",
+                    Brief(&delivered)
                 ),
-                _ => panic!("{context}: expected Executed, got {delivered:?}"),
+                _ => panic!("{context}: expected Executed, got {:?}", Brief(&delivered)),
             }
             assert_all_succeeded(idem, &keys, &context).await;
             return drops;
@@ -132,7 +139,7 @@ where
         // may be left.
         for key in KeySnapshot::take(idem).await.touched_since(&keys) {
             match key.status {
-                Status::Processing => wait_for_lease_expiry(idem, &key.scope, key.key).await,
+                Status::Processing => wait_until_lease_settles(idem, &key.scope, key.key).await,
                 Status::Success => {}
                 Status::Failed | Status::Parked => {
                     panic!("{context}: the dropped delivery left the key {key}")
@@ -144,9 +151,15 @@ where
         let after = effects.count(pool).await;
         assert!(
             after == before + 1,
-            "{context}: the clean redelivery returned {settled:?} (after {redeliveries} \
+            "{context}: the clean redelivery returned {:?} (after {redeliveries} \
              deliveries); effects: {before} before, {after_drop} after the drop, {after} after \
-             the clean delivery; expected exactly one more"
+             the clean delivery; expected exactly one more{}",
+            Brief(&settled),
+            if settled.is_duplicate() && after == before {
+                " (does deliver(n) make a message new to the status table for each n?)"
+            } else {
+                ""
+            }
         );
         if settled.is_duplicate() {
             drops.committed_before_drop += 1;

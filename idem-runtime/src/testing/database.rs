@@ -198,3 +198,38 @@ pub async fn wait_for_lease_expiry(idem: &Idem, scope: &str, key: IdempotencyKey
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Lease mode: waits until the key's row no longer holds a live lease: its lease expired
+/// on the database's clock, or its worker settled it. A dropped delivery's last statement
+/// may still be on its way to the server when a test looks: its completion can land
+/// after the test saw `processing`.
+///
+/// # Panics
+///
+/// When the key has no row, or still holds a live lease after a minute.
+pub(crate) async fn wait_until_lease_settles(idem: &Idem, scope: &str, key: IdempotencyKey) {
+    let statement = format!(
+        "SELECT status <> 'processing' OR coalesce(lease_expires_at <= now(), true) \
+         FROM {}.idem_keys WHERE scope = $1 AND key = $2",
+        idem.config().schema().as_str()
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let settled: Option<bool> = sqlx::query_scalar(&statement)
+            .bind(scope)
+            .bind(key.as_uuid())
+            .fetch_optional(idem.pool())
+            .await
+            .expect("read the lease");
+        match settled {
+            Some(true) => return,
+            Some(false) => {}
+            None => panic!("key {key} in scope {scope} has no row"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the lease on key {key} in scope {scope} was still held after a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -5,6 +5,7 @@ use std::fmt::Debug;
 use std::future::Future;
 use std::time::Duration;
 
+use super::brief::Brief;
 use crate::{Disposition, Error, Outcome};
 
 /// What a delivery of one message returns: the `Handled` result of an `#[idempotent]`
@@ -40,13 +41,15 @@ where
         };
         assert!(
             error.disposition() == Disposition::Retry,
-            "{context}: clean redelivery {deliveries} failed for good ({:?}): {error:?}",
-            error.disposition()
+            "{context}: clean redelivery {deliveries} failed for good ({:?}): {:?}",
+            error.disposition(),
+            Brief(&error)
         );
         assert!(
             tokio::time::Instant::now() < deadline,
             "{context}: no clean redelivery succeeded within {SETTLE_WITHIN:?} \
-             ({deliveries} deliveries); the last one returned {error:?}"
+             ({deliveries} deliveries); the last one returned {:?}",
+            Brief(&error)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -65,7 +68,10 @@ where
 {
     match duplicate {
         Ok(outcome) => assert_outcome_replays(context, executed, outcome),
-        Err(error) => panic!("{context}: expected a duplicate, got the error {error:?}"),
+        Err(error) => panic!(
+            "{context}: expected a duplicate, got the error {:?}",
+            Brief(error)
+        ),
     }
 }
 

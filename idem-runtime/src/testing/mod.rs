@@ -124,6 +124,33 @@
 //! Dropping a delivery needs no fault: [`assert_survives_drops`] drops it at each point
 //! where it waits.
 //!
+//! # What each check catches
+//!
+//! | handler bug | caught by |
+//! |-------------|-----------|
+//! | the effect applied on every delivery (no idempotency at all) | every check |
+//! | the effect written outside the handler's transaction (through the pool, by a spawned task) | [`assert_survives`] with [`Fault::FailBeforeCommit`] or [`Fault::KillBackendInBody`], [`assert_survives_drops`] |
+//! | a failed statement swallowed, `Ok` returned | [`assert_idempotent`] (the commit refuses it) |
+//! | a key that changes between deliveries (a timestamp, a random id) | [`assert_idempotent`] |
+//! | lease mode: the effect sent without [`Lease::key`](crate::lease::Lease::key) as its idempotency key | [`assert_survives`] with [`Fault::AbandonLeaseAfterBody`] (always); [`assert_survives_drops`] only when a drop lands between the effect and `success`, which a run may miss |
+//!
+//! # Writing the checks
+//!
+//! - **Effects are counted in the database**: [`Effects`] runs a query that returns one
+//!   count (`SELECT count(*) FROM ...`), once per effect. A sum (of amounts, of balances)
+//!   does not count deliveries; a stand-in for an external system records each call in a
+//!   table so that its calls can be counted.
+//! - **Bind the message first**: the closure returns the delivery's future, which borrows
+//!   the message; a message built inside the closure is a temporary it cannot return
+//!   (`E0515`). Write `let event = paid("o-1");` and `|| apply_payment(&idem, &event)`, or
+//!   an `async move` block that owns the message, as [`assert_survives_drops`]'s closure
+//!   above does.
+//! - **Batch handlers** (`batch = true`) are checked one message at a time through their
+//!   `_batch` function:
+//!   `|| async { apply_payment_batch(&idem, std::slice::from_ref(&event)).await.into_iter().next().unwrap() }`.
+//! - **One handle per fault**: a fault fires on deliveries through the handle it is
+//!   armed on, not through the handles of [`processes`].
+//!
 //! # Lower-level tools
 //!
 //! [`race`] delivers a message concurrently and reports the outcomes without judging
@@ -133,6 +160,7 @@
 //! the database's clock.
 
 mod assertions;
+mod brief;
 mod cancel;
 mod checkpoint;
 mod database;

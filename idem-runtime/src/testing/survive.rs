@@ -3,7 +3,8 @@
 use std::fmt::Debug;
 use std::future::Future;
 
-use super::database::{Effects, wait_for_lease_expiry};
+use super::brief::Brief;
+use super::database::{Effects, wait_until_lease_settles};
 use super::deliveries::{assert_outcome_replays, assert_replays, until_settled};
 use super::faults::{Fault, inject};
 use super::keys::{KeySnapshot, assert_all_succeeded};
@@ -98,8 +99,10 @@ where
     let after_fault = effects.count(pool).await;
     assert!(
         fired,
-        "{context}: the fault never fired: the delivery returned {faulty:?} without reaching \
-         {}; deliver a message whose key is new to a handler of that mode",
+        "{context}: the fault never fired: the delivery returned {:?} without reaching \
+         {}; deliver a message whose key is new to a handler of that mode, through the handle \
+         the fault is armed on (not one of `testing::processes`)",
+        Brief(&faulty),
         fault.point()
     );
     match &faulty {
@@ -111,15 +114,16 @@ where
         ),
         _ => assert!(
             after_fault <= before + 1,
-            "{context}: the faulty delivery returned {faulty:?} and the effects went from \
-             {before} to {after_fault}: applied more than once"
+            "{context}: the faulty delivery returned {:?} and the effects went from \
+             {before} to {after_fault}: applied more than once",
+            Brief(&faulty)
         ),
     }
 
     // A worker that vanished holds its lease until it expires.
     for key in KeySnapshot::take(idem).await.touched_since(&keys) {
         if key.status == Status::Processing {
-            wait_for_lease_expiry(idem, &key.scope, key.key).await;
+            wait_until_lease_settles(idem, &key.scope, key.key).await;
         }
     }
 
@@ -141,7 +145,9 @@ where
     assert!(
         after == before + 1,
         "{context}: expected exactly one more effect in the end, after the faulty delivery \
-         returned {faulty:?} and the clean redelivery {settled:?}; {counts}{}",
+         returned {:?} and the clean redelivery {:?}; {counts}{}",
+        Brief(&faulty),
+        Brief(&settled),
         super::assertions::missing_effect_hint(before, after)
     );
     let committed_unseen = faulty.is_err() && settled.is_duplicate();
