@@ -269,12 +269,7 @@ impl Scenario {
     store_result = false
 )]
 async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
-    sqlx::query(INSERT_EFFECT)
-        .bind(&event.order_id)
-        .bind("paid")
-        .bind(event.amount_cents)
-        .execute(&mut *tx)
-        .await?;
+    insert_effect(&mut *tx, event).await?;
     Ok(())
 }
 
@@ -290,12 +285,7 @@ pub(crate) async fn apply_batched(
     tx: &mut PgConnection,
     event: &OrderEvent,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(INSERT_EFFECT)
-        .bind(&event.order_id)
-        .bind("paid")
-        .bind(event.amount_cents)
-        .execute(&mut *tx)
-        .await?;
+    insert_effect(&mut *tx, event).await?;
     Ok(())
 }
 
@@ -339,12 +329,7 @@ static BUSY_BODY: Mutex<Option<(Duration, oneshot::Sender<Instant>)>> = Mutex::n
     store_result = false
 )]
 async fn hold(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
-    sqlx::query(INSERT_EFFECT)
-        .bind(&event.order_id)
-        .bind("paid")
-        .bind(event.amount_cents)
-        .execute(&mut *tx)
-        .await?;
+    insert_effect(&mut *tx, event).await?;
     let armed = BUSY_BODY
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -370,13 +355,19 @@ async fn apply_with_result(tx: &mut PgConnection, event: &OrderEvent) -> Result<
 
 async fn bare(pool: &PgPool, event: &OrderEvent) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
+    insert_effect(&mut tx, event).await?;
+    tx.commit().await
+}
+
+/// The business write of the per-message scenarios: one row.
+async fn insert_effect(conn: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
     sqlx::query(INSERT_EFFECT)
         .bind(&event.order_id)
         .bind("paid")
         .bind(event.amount_cents)
-        .execute(&mut *tx)
+        .execute(conn)
         .await?;
-    tx.commit().await
+    Ok(())
 }
 
 /// The bare batch: one transaction, one multi-row insert, one commit.
@@ -437,12 +428,7 @@ async fn lean(pool: &PgPool, event: &OrderEvent) -> Result<bool, String> {
         if won.is_none() {
             return Ok(false);
         }
-        sqlx::query(INSERT_EFFECT)
-            .bind(&event.order_id)
-            .bind("paid")
-            .bind(event.amount_cents)
-            .execute(&mut *tx)
-            .await?;
+        insert_effect(&mut tx, event).await?;
         tx.commit().await?;
         Ok::<_, sqlx::Error>(true)
     };
@@ -485,12 +471,7 @@ async fn article(pool: &PgPool, event: &OrderEvent) -> Result<bool, String> {
             tx.commit().await?;
             return Ok(false);
         }
-        sqlx::query(INSERT_EFFECT)
-            .bind(&event.order_id)
-            .bind("paid")
-            .bind(event.amount_cents)
-            .execute(&mut *tx)
-            .await?;
+        insert_effect(&mut tx, event).await?;
         sqlx::query(
             "UPDATE article_messages SET status = 'success', updated_at = now() WHERE msg_id = $1",
         )

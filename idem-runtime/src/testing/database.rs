@@ -173,30 +173,14 @@ pub async fn count_rows(pool: &PgPool, table: &str) -> i64 {
 ///
 /// When the key has no row or no lease, or the lease does not expire within a minute.
 pub async fn wait_for_lease_expiry(idem: &Idem, scope: &str, key: IdempotencyKey) {
-    let statement = format!(
-        "SELECT lease_expires_at <= now() FROM {}.idem_keys WHERE scope = $1 AND key = $2",
-        idem.config().schema().as_str()
-    );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let expired: Option<Option<bool>> = sqlx::query_scalar(&statement)
-            .bind(scope)
-            .bind(key.as_uuid())
-            .fetch_optional(idem.pool())
-            .await
-            .expect("read the lease");
-        match expired {
-            Some(Some(true)) => return,
-            Some(Some(false)) => {}
-            Some(None) => panic!("key {key} in scope {scope} holds no lease"),
-            None => panic!("key {key} in scope {scope} has no row"),
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the lease on key {key} did not expire within a minute"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_lease(
+        idem,
+        scope,
+        key,
+        "lease_expires_at <= now()",
+        "had not expired",
+    )
+    .await;
 }
 
 /// Lease mode: waits until the key's row no longer holds a live lease: its lease expired
@@ -208,27 +192,46 @@ pub async fn wait_for_lease_expiry(idem: &Idem, scope: &str, key: IdempotencyKey
 ///
 /// When the key has no row, or still holds a live lease after a minute.
 pub(crate) async fn wait_until_lease_settles(idem: &Idem, scope: &str, key: IdempotencyKey) {
+    wait_for_lease(
+        idem,
+        scope,
+        key,
+        "status <> 'processing' OR coalesce(lease_expires_at <= now(), true)",
+        "was still held",
+    )
+    .await;
+}
+
+/// Polls the key's row until `condition` (SQL over its columns) holds; a `NULL` answer
+/// means the row holds no lease.
+async fn wait_for_lease(
+    idem: &Idem,
+    scope: &str,
+    key: IdempotencyKey,
+    condition: &str,
+    still: &str,
+) {
     let statement = format!(
-        "SELECT status <> 'processing' OR coalesce(lease_expires_at <= now(), true) \
-         FROM {}.idem_keys WHERE scope = $1 AND key = $2",
+        "SELECT {condition} FROM {}.idem_keys WHERE scope = $1 AND key = $2",
         idem.config().schema().as_str()
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let settled: Option<bool> = sqlx::query_scalar(&statement)
+        let done: Option<Option<bool>> = sqlx::query_scalar(&statement)
             .bind(scope)
             .bind(key.as_uuid())
             .fetch_optional(idem.pool())
             .await
             .expect("read the lease");
-        match settled {
-            Some(true) => return,
-            Some(false) => {}
+        match done {
+            Some(Some(true)) => return,
+            Some(Some(false)) => {}
+            Some(None) => panic!("key {key} in scope {scope} holds no lease"),
             None => panic!("key {key} in scope {scope} has no row"),
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the lease on key {key} in scope {scope} was still held after a minute"
+            "the lease on key {key} in scope {scope} {still} after a minute"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
