@@ -1,7 +1,9 @@
 -- lean.sql with the two checks idem adds, at no extra round trip: SET LOCAL lock_timeout
 -- in BEGIN's round trip (a claim waits behind an in-flight one at most that long), and
--- `SELECT 1; COMMIT` as the abort check (in an aborted transaction the SELECT fails, where
--- a bare COMMIT would roll back without an error). Same round trips as lean.sql.
+-- `SAVEPOINT x; COMMIT` as the abort check: in an aborted transaction the SAVEPOINT fails,
+-- where a bare COMMIT would roll back without an error, and it fails outside a transaction
+-- block too (a body that ended the transaction itself), where `SELECT 1` would not. Same
+-- round trips as lean.sql.
 --
 -- Runs with -M simple: `\;` joins statements into one round trip, which -M prepared
 -- refuses. The two inserts are prepared once per connection (PREPARE, then EXECUTE), as in
@@ -21,4 +23,4 @@ BEGIN \; SET LOCAL lock_timeout = '5000ms';
 EXECUTE claim('ceiling', md5(:n::text)::uuid,
               '\x00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff');
 EXECUTE effect('o-' || :n, 'paid', 100);
-SELECT 1 \; COMMIT;
+SAVEPOINT idem_commit_check \; COMMIT;

@@ -13,7 +13,7 @@
 #   lean: the cheapest SQL with idem's guarantees for a new message (the key's row and the
 #     business row in one transaction, INSERT ... ON CONFLICT DO NOTHING RETURNING);
 #   lean_checked: lean with SET LOCAL lock_timeout in BEGIN's round trip and
-#     `SELECT 1; COMMIT` as the abort check;
+#     `SAVEPOINT x; COMMIT` as the abort check;
 #   dup: a duplicate found by the claim; dup_lean: the cheapest correct duplicate, one read
 #     of the key's row in autocommit (what idem sends while duplicates are frequent);
 #   select1: one round trip that does nothing.
@@ -44,7 +44,7 @@ if ! command -v pgbench >/dev/null; then
 fi
 pgbench_major=$(pgbench --version | awk '{ split($3, v, "."); print v[1] + 0 }')
 if (( pgbench_major < 12 )); then
-    echo "ceilings: pgbench $pgbench_major is too old: the scripts read the claim's answer with \\gset (pgbench 12 or later)" >&2
+    echo "ceilings: pgbench $pgbench_major is too old: the scripts need \\if and -D (pgbench 12 or later)" >&2
     exit 1
 fi
 if ! [[ $secs =~ ^[1-9][0-9]*$ && $rounds =~ ^[1-9][0-9]*$ ]]; then

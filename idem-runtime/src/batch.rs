@@ -49,7 +49,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 
 use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Postgres, Row};
 use uuid::Uuid;
 
 use crate::Idem;
@@ -61,6 +61,7 @@ use crate::scope;
 use crate::store::{Existing, Status};
 use crate::telemetry::{self, Mode, Timer};
 use crate::transactional;
+use crate::transactional::KeyTransaction;
 
 /// The outcome of each message of a batch, in the order of the messages.
 pub type BatchOutcomes<T, E> = Vec<Result<Outcome<T>, Error<E>>>;
@@ -229,8 +230,8 @@ where
     C: ResultCodec<T> + Copy,
     E: HandlerError,
     D: FnMut(&'m M) -> Result<Derived, KeyError>,
-    F: FnMut(Transaction<'static, Postgres>, &'m M) -> Fut,
-    Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
+    F: FnMut(KeyTransaction, &'m M) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
 {
     if let Err(error) = idem.check_scope(spec, scope::handler_identity::<F>()).await {
         return counted(spec, refuse_all(messages, error));
@@ -322,8 +323,8 @@ where
     R: BatchResult,
     R::Error: HandlerError,
     D: FnMut(&'m M) -> Result<Derived, KeyError>,
-    F: FnMut(Transaction<'static, Postgres>, Vec<&'m M>) -> Fut,
-    Fut: Future<Output = (Transaction<'static, Postgres>, R)>,
+    F: FnMut(KeyTransaction, Vec<&'m M>) -> Fut,
+    Fut: Future<Output = (KeyTransaction, R)>,
 {
     if let Err(error) = idem.check_scope(spec, scope::handler_identity::<F>()).await {
         return counted(spec, refuse_all(messages, error));
@@ -390,7 +391,7 @@ async fn batch_pass<T, E, C, W, Fut>(
 ) -> Pass<T, E>
 where
     C: ResultCodec<T>,
-    W: FnOnce(Transaction<'static, Postgres>, i64, Vec<usize>) -> Fut,
+    W: FnOnce(KeyTransaction, i64, Vec<usize>) -> Fut,
     Fut: Future<Output = Result<Vec<Indexed<T, E>>, Fallback>>,
 {
     let claiming = Timer::start();
@@ -401,7 +402,8 @@ where
         Ok(Some(Claim {
             tx, owned, decided, ..
         })) if owned.is_empty() => {
-            // Read-only: dropping the transaction rolls it back on release.
+            // Read-only: dropping the transaction rolls it back before its connection is
+            // reused.
             drop(tx);
             Pass::Committed(decided)
         }
@@ -444,8 +446,8 @@ async fn settle<T, E, C, F, Fut>(
 where
     C: ResultCodec<T> + Copy,
     E: HandlerError,
-    F: FnMut(Transaction<'static, Postgres>, usize) -> Fut,
-    Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
+    F: FnMut(KeyTransaction, usize) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
 {
     let (retry, mut decided, reason) = match pass {
         Pass::Committed(outcomes) => return outcomes,
@@ -531,15 +533,16 @@ enum Fallback {
     Database(#[from] sqlx::Error),
 }
 
-/// Commits the batch transaction `xid` with the check of [`transactional::commit_checked`].
-async fn commit(idem: &Idem, tx: Transaction<'static, Postgres>, xid: i64) -> Result<(), Fallback> {
+/// Commits the batch transaction `xid`, with the check of
+/// [`Statements::commit`](crate::store::Statements::commit) in the same round trip.
+async fn commit(idem: &Idem, tx: KeyTransaction, xid: i64) -> Result<(), Fallback> {
     // Tests only: a connection lost before the batch's commit (the feature `testing`).
     #[cfg(feature = "testing")]
     if let Some(lost) = crate::testing::faults::before_commit(idem) {
         let _ = tx.rollback().await;
         return Err(Fallback::Database(lost));
     }
-    match transactional::commit_checked(tx, &idem.statements().commit_only(xid)).await {
+    match tx.commit(idem.statements().commit_only()).await {
         Ok(()) => Ok(()),
         Err(error) if transactional::ended_by_body(&error) => {
             Err(Fallback::TransactionEnded { xid })
@@ -558,7 +561,7 @@ where
 
 /// The batch transaction after the claim of its keys.
 struct Claim<T, E> {
-    tx: Transaction<'static, Postgres>,
+    tx: KeyTransaction,
     /// The transaction's id, checked by the commit (`None` while nothing is owned).
     xid: Option<i64>,
     /// The messages whose keys this transaction holds, in message order.
@@ -589,7 +592,7 @@ async fn claim<T, E, C: ResultCodec<T>>(
         .collect();
 
     let body_lock_timeout = idem.session_lock_timeout().await?;
-    let mut tx = idem.bounded_transaction().await?;
+    let mut tx = idem.key_transaction().await?;
     // Only the keys in the way come back, as arrays in one row (an aggregate always
     // yields one): the happy path returns no row data but the transaction's id.
     let row = sqlx::query(&idem.statements().batch_claim)
@@ -707,7 +710,7 @@ async fn claim<T, E, C: ResultCodec<T>>(
 async fn run_each<'m, M, T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
-    mut tx: Transaction<'static, Postgres>,
+    mut tx: KeyTransaction,
     xid: i64,
     messages: &'m [M],
     owned: Vec<usize>,
@@ -717,8 +720,8 @@ async fn run_each<'m, M, T, E, C, F, Fut>(
 ) -> Result<Vec<Indexed<T, E>>, Fallback>
 where
     C: ResultCodec<T>,
-    F: FnMut(Transaction<'static, Postgres>, &'m M) -> Fut,
-    Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
+    F: FnMut(KeyTransaction, &'m M) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
 {
     let mut stored_keys = Vec::new();
     let mut stored_results = Vec::new();
@@ -761,15 +764,15 @@ where
 async fn run_once<'m, M, E, F, Fut>(
     idem: &Idem,
     scope: &str,
-    tx: Transaction<'static, Postgres>,
+    tx: KeyTransaction,
     xid: i64,
     messages: &'m [M],
     owned: Vec<usize>,
     body: &mut F,
 ) -> Result<Vec<Indexed<(), E>>, Fallback>
 where
-    F: FnMut(Transaction<'static, Postgres>, Vec<&'m M>) -> Fut,
-    Fut: Future<Output = (Transaction<'static, Postgres>, Result<(), E>)>,
+    F: FnMut(KeyTransaction, Vec<&'m M>) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<(), E>)>,
 {
     let slice = owned.iter().map(|&index| &messages[index]).collect();
     let running = Timer::start();

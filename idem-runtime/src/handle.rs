@@ -161,7 +161,17 @@ impl Idem {
             .map(String::as_str)
     }
 
-    /// A transaction whose lock waits are bounded by the lock timeout.
+    /// The transaction of a claim: a connection from the pool inside a transaction whose
+    /// lock waits are bounded by the lock timeout (one round trip), ended by idem's own
+    /// statements. Cancel-safe: see [`KeyTransaction`](crate::transactional::KeyTransaction).
+    pub(crate) async fn key_transaction(
+        &self,
+    ) -> Result<crate::transactional::KeyTransaction, sqlx::Error> {
+        crate::transactional::KeyTransaction::begin(self.pool(), &self.statements().begin).await
+    }
+
+    /// A short transaction of the runtime's own (recording a failure, a lease's steps)
+    /// whose lock waits are bounded by the lock timeout.
     ///
     /// Cancel-safe: sqlx 0.8's `begin` returns a connection to the pool inside its open
     /// transaction when the future is dropped while `BEGIN` is in flight, and the pool's

@@ -205,6 +205,7 @@ mod handle;
 pub mod handler;
 mod inflight;
 pub mod key;
+mod key_transaction;
 pub mod lease;
 mod outcome;
 pub mod privileges;

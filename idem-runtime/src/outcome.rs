@@ -124,11 +124,14 @@ pub enum Error<E> {
     /// message that can never commit is parked after `max_attempts`.
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
-    /// The handler's body ended the transaction that holds its key (it ran `COMMIT` or
-    /// `ROLLBACK` itself): the claim and the effects no longer commit together. The key
-    /// is parked; fix the handler, then [`Idem::reset`](crate::Idem::reset) the key.
+    /// The handler's body ended the transaction that holds its key: it ran `COMMIT` or
+    /// `ROLLBACK` itself, or began a transaction of its own on the connection
+    /// (`tx.begin()`), whose commit or rollback ended idem's. The claim and the effects no
+    /// longer commit together. The key is parked; fix the handler (a part of the body that
+    /// may fail on its own takes `SAVEPOINT` and `ROLLBACK TO SAVEPOINT` statements), then
+    /// [`Idem::reset`](crate::Idem::reset) the key.
     #[error(
-        "the body of the handler of key {key} ended the transaction that holds the key (it ran COMMIT or ROLLBACK itself); the key is parked"
+        "the body of the handler of key {key} ended the transaction that holds the key (it ran COMMIT or ROLLBACK, or began and ended a transaction of its own with tx.begin(); use SAVEPOINT statements instead); the key is parked"
     )]
     TransactionEnded {
         /// The key.

@@ -99,8 +99,9 @@ pub(crate) enum Claim {
     /// This transaction inserted the key, or took over a `failed` one; `xid` is the
     /// transaction's id, which the commit checks.
     Won { xid: i64 },
-    /// Nothing to read in this statement's snapshot: the row in the way was committed
-    /// (or deleted) while the statement waited. Claim again.
+    /// No row back: the claim's insert ran into a row (the takeover statement reads it),
+    /// or the takeover found nothing in its snapshot (the row in the way was committed or
+    /// deleted while the statement waited). Claim again.
     Again,
     /// The key exists and is not ours: succeeded, parked, held by a lease, or recorded
     /// with another payload fingerprint.
@@ -141,6 +142,10 @@ fn millis(duration: Duration) -> i64 {
 #[derive(Debug)]
 pub(crate) struct Statements {
     pub begin: String,
+    /// The commit's check: fails in an aborted transaction (SQLSTATE 25P02) and outside a
+    /// transaction block (25P01), and needs neither a plan nor a snapshot.
+    check: String,
+    commit_only: String,
     claim: String,
     takeover: String,
     pub table: String,
@@ -193,21 +198,26 @@ impl Statements {
                  WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT FROM {written})"
             )
         };
+        // `SAVEPOINT` is refused outside a transaction block, even in the implicit one of a
+        // multi-statement query, like every statement in an aborted transaction. Opening
+        // it costs no plan, no snapshot and no write; `COMMIT` ends it with the rest.
+        let check = "SAVEPOINT idem_commit_check".to_owned();
         Statements {
+            commit_only: format!("{check}; COMMIT"),
+            check,
             // One round trip: open the transaction and bound its lock waits: the claim's
             // wait behind an in-flight claim of the same key. A claim that wins sets the
             // session's own lock timeout back for the body (`$4` of the claim statements).
             begin: format!("BEGIN; SET LOCAL lock_timeout = '{lock_timeout_ms}ms'"),
-            // The common case, a new key, is one insert; the row in the way (a duplicate,
-            // a parked or failed key) is read by the same statement.
+            // The common case, a new key, is one insert. No row back: a row is in the way
+            // (or was committed while this statement waited behind it), which the
+            // takeover statement then reads.
             claim: format!(
-                "WITH claimed AS ( \
-                    INSERT INTO {table} AS k (scope, key, status, attempts, fingerprint) \
-                    VALUES ($1, $2, 'success', 1, $3) \
-                    ON CONFLICT (scope, key) DO NOTHING \
-                    RETURNING pg_current_xact_id()::text::bigint AS xid, \
-                              set_config('lock_timeout', $4, true) AS restored) {}",
-                in_the_way("claimed")
+                "INSERT INTO {table} AS k (scope, key, status, attempts, fingerprint) \
+                 VALUES ($1, $2, 'success', 1, $3) \
+                 ON CONFLICT (scope, key) DO NOTHING \
+                 RETURNING pg_current_xact_id()::text::bigint AS xid, \
+                           set_config('lock_timeout', $4, true) AS restored"
             ),
             // A `failed` key with the same payload is taken over under its row lock; a
             // fingerprint first given now is recorded.
@@ -363,8 +373,9 @@ impl Statements {
         }
     }
 
-    /// Claims `key` in the caller's transaction: inserts it, or reads the row in the way.
-    /// A claim that wins sets the lock timeout to `body_lock_timeout` for the body.
+    /// Claims `key` in the caller's transaction: inserts it, or answers
+    /// [`Claim::Again`] when a row is in the way. A claim that wins sets the lock timeout
+    /// to `body_lock_timeout` for the body.
     pub async fn claim(
         &self,
         conn: &mut PgConnection,
@@ -421,44 +432,29 @@ impl Statements {
     }
 
     /// The statements that end a won claim's transaction, in one simple query: a check
-    /// that fails unless the transaction `xid` is still open and not aborted (a body that
+    /// that fails unless the claim's transaction is still open and not aborted (a body that
     /// swallowed a failed statement, or ran `COMMIT` or `ROLLBACK` itself), the `UPDATE`
-    /// storing `result` where there is one, `COMMIT`, and a `BEGIN` that leaves the
-    /// connection as the `Transaction` guard expects it (its drop rolls that one back
-    /// with the connection's next message).
+    /// storing `result` where there is one, and `COMMIT`.
     ///
     /// The result's values are inlined hex-encoded, so that no value can be read as SQL.
-    pub fn commit(
-        &self,
-        scope: &str,
-        key: Uuid,
-        xid: i64,
-        result: Option<&serde_json::Value>,
-    ) -> String {
-        let check = Self::check(xid);
+    pub fn commit(&self, scope: &str, key: Uuid, result: Option<&serde_json::Value>) -> String {
         match result {
             Some(result) => format!(
                 "{check}; UPDATE {table} SET result = convert_from(decode('{result}', 'hex'), 'UTF8')::json \
                  WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key = '{key}'; \
-                 COMMIT; BEGIN",
+                 COMMIT",
+                check = self.check,
                 table = self.table,
                 result = hex::encode(result.to_string()),
                 scope = hex::encode(scope),
             ),
-            None => format!("{check}; COMMIT; BEGIN"),
+            None => self.commit_only.clone(),
         }
     }
 
     /// [`commit`](Self::commit) without a result to store.
-    pub fn commit_only(&self, xid: i64) -> String {
-        format!("{}; COMMIT; BEGIN", Self::check(xid))
-    }
-
-    /// A statement that fails unless the transaction `xid` is open and not aborted:
-    /// `division_by_zero` when it is not this transaction, `in_failed_sql_transaction`
-    /// when it is aborted.
-    fn check(xid: i64) -> String {
-        format!("SELECT 1 / coalesce(pg_current_xact_id_if_assigned() = '{xid}'::xid8, false)::int")
+    pub fn commit_only(&self) -> &str {
+        &self.commit_only
     }
 
     /// Records a failed attempt; returns the attempts and whether the key is now parked,

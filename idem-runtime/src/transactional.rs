@@ -9,17 +9,20 @@
 //! this process is waited for here, holding no connection, at most the lock timeout. Then
 //! one transaction per delivery:
 //!
-//! 1. `BEGIN; SET LOCAL lock_timeout = ...` (one round trip);
+//! 1. `BEGIN; SET LOCAL lock_timeout = ...` (one round trip), on a connection held by a
+//!    [`KeyTransaction`], which rolls the transaction back if the delivery is dropped;
 //! 2. claim: one prepared statement inserts the key as `success` (`INSERT ... ON CONFLICT
-//!    DO NOTHING`), returning the transaction's id, or else reads the row in the way. A
-//!    claim of the same key by another process waits inside its `INSERT` until this
-//!    transaction ends, at most the lock timeout. Only when the row in the way is `failed`
-//!    does a second statement take it over (under its row lock). A claim that wins sets
-//!    the session's own lock timeout back for the body;
+//!    DO NOTHING`), returning the transaction's id. A claim of the same key by another
+//!    process waits inside its `INSERT` until this transaction ends, at most the lock
+//!    timeout. When a row is in the way, a second statement reads it, or takes it over
+//!    under its row lock when it is `failed`. A claim that wins sets the session's own
+//!    lock timeout back for the body;
 //! 3. the body, on the same connection;
-//! 4. one simple query: a check that the transaction is still the claim's and not aborted,
+//! 4. one simple query: a check that the transaction is still open and not aborted
+//!    (`SAVEPOINT`, which PostgreSQL refuses in both cases, with no plan and no snapshot),
 //!    the result where there is one to store (`UPDATE` of the row claimed in step 2), and
 //!    `COMMIT`: the business effects and the key's `success` become visible together.
+//!    Nothing follows: the connection goes back to the pool with no transaction to end.
 //!
 //! A row found in step 2 decides without running the body: `success` is a duplicate
 //! (its stored result is replayed; no lock, no write), `parked` is refused. When the body
@@ -28,8 +31,8 @@
 //! for the failure path. A failure that PostgreSQL reports when the transaction commits (a
 //! deferred constraint, a body that swallowed a failed statement) is recorded the same way,
 //! so that a message that can never commit is parked after `max_attempts`; a body that ends
-//! the transaction itself (`COMMIT` or `ROLLBACK`) gets [`Error::TransactionEnded`] and its
-//! key is parked (in a batch, every key of the batch: nothing of it runs again). A lost or
+//! the transaction itself (`COMMIT` or `ROLLBACK`, or `begin()` on its connection) gets
+//! [`Error::TransactionEnded`] and its key is parked (in a batch, every key of the batch: nothing of it runs again). A lost or
 //! killed connection, a server shutdown, a lock timeout is not the message's fault and
 //! counts no attempt, in the body or at the commit; a serialization failure or deadlock is
 //! run again a few times, and counts once it persists.
@@ -37,7 +40,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::{Executor, PgConnection, Postgres, Transaction};
+use sqlx::PgConnection;
 use tracing::Instrument;
 
 use crate::Idem;
@@ -46,6 +49,8 @@ use crate::config::ErrorTexts;
 use crate::error_text::{error_kind, failure_text, is_transient, storable_text};
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
+pub use crate::key_transaction::KeyTransaction;
+use crate::key_transaction::is_no_transaction;
 use crate::outcome::{Error, HandlerError, Outcome};
 use crate::scope;
 use crate::store::{Claim, ClaimedKey, Existing, Status};
@@ -59,7 +64,8 @@ use crate::telemetry::{self, Mode, Timer};
 /// replay to duplicates.
 ///
 /// `body` receives the open transaction and hands it back with its result; it must not
-/// commit or roll it back. It may run more than once when PostgreSQL reports a
+/// commit or roll it back, nor begin a transaction of its own on it (see
+/// [`KeyTransaction`]). It may run more than once when PostgreSQL reports a
 /// serialization failure or a deadlock: each earlier run was rolled back as a whole.
 ///
 /// ```no_run
@@ -91,8 +97,8 @@ pub async fn run<T, E, C, F, Fut>(
 where
     C: ResultCodec<T>,
     E: HandlerError,
-    F: FnMut(Transaction<'static, Postgres>) -> Fut,
-    Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
+    F: FnMut(KeyTransaction) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
 {
     let identity = scope::handler_identity::<F>();
     let span = telemetry::span(spec.scope, key, Mode::Transaction);
@@ -119,8 +125,8 @@ pub(crate) async fn run_checked<T, E, C, F, Fut>(
 where
     C: ResultCodec<T>,
     E: HandlerError,
-    F: FnMut(Transaction<'static, Postgres>) -> Fut,
-    Fut: Future<Output = (Transaction<'static, Postgres>, Result<T, E>)>,
+    F: FnMut(KeyTransaction) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
 {
     let cache_policy = spec.cache;
     let scope = spec.scope;
@@ -169,7 +175,7 @@ where
 
     loop {
         let claiming = Timer::start();
-        let mut tx = idem.bounded_transaction().await?;
+        let mut tx = idem.key_transaction().await?;
         let claimed = claim(idem, &mut tx, scope, key, fingerprint, body_lock_timeout).await;
         claiming.claim(scope, mode);
         match &claimed {
@@ -182,7 +188,8 @@ where
         let xid = match claimed {
             Ok(Claimed::Owned { xid }) => xid,
             Ok(Claimed::Found(existing)) => {
-                // Read-only so far: dropping the transaction rolls it back on release.
+                // Read-only so far: dropping the transaction rolls it back before its
+                // connection is reused, without the caller waiting for it.
                 drop(tx);
                 cache::remember_existing(idem, cache_policy, scope, key, &existing).await;
                 return decide(key, existing, &codec);
@@ -208,16 +215,16 @@ where
         let failure = match result {
             Ok(value) => {
                 let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;
-                let commit = idem.statements().commit(scope, uuid, xid, stored.as_ref());
+                let commit = idem.statements().commit(scope, uuid, stored.as_ref());
                 #[cfg(feature = "testing")]
                 if let Some(lost) = crate::testing::faults::before_commit(idem) {
                     let _ = tx.rollback().await;
                     return Err(Error::Database(lost));
                 }
                 #[cfg(feature = "testing")]
-                let committed = kill.during_commit(commit_checked(tx, &commit)).await;
+                let committed = kill.during_commit(tx.commit(&commit)).await;
                 #[cfg(not(feature = "testing"))]
-                let committed = commit_checked(tx, &commit).await;
+                let committed = tx.commit(&commit).await;
                 match committed {
                     Ok(()) => {
                         cache::remember(
@@ -426,26 +433,6 @@ pub(crate) fn decide<T, E, C: ResultCodec<T>>(
     }
 }
 
-/// Commits in one round trip with the statements of [`Statements::commit`]: a check that
-/// fails if the body left the transaction aborted or ended it, the result, `COMMIT`.
-///
-/// PostgreSQL answers `COMMIT` in an aborted transaction (a body that swallowed a failed
-/// statement and returned `Ok`) with a rollback and no error, and a body that ran
-/// `ROLLBACK` itself leaves the next statements in autocommit: either would lose the
-/// claim and the effects behind an `Outcome::Executed`. The check stops the rest of the
-/// query instead. The trailing `BEGIN` opens an empty transaction for the `Transaction`
-/// guard, which rolls it back when dropped, in the same round trip as the connection's
-/// next use.
-pub(crate) async fn commit_checked(
-    mut tx: Transaction<'static, Postgres>,
-    statements: &str,
-) -> Result<(), sqlx::Error> {
-    let conn: &mut PgConnection = &mut tx;
-    conn.execute(statements).await?;
-    drop(tx);
-    Ok(())
-}
-
 /// Whether a failure counts as an attempt of the message: a refusal by PostgreSQL of
 /// what the transaction holds (a constraint, an aborted transaction, a value it cannot
 /// store, a statement timeout), a serialization failure or deadlock that persisted through
@@ -519,12 +506,12 @@ pub(crate) async fn park_ended(
     }
 }
 
-/// Whether the commit's check found that the body ended the claim's transaction
-/// (`division_by_zero` from the check statement, the only division in the commit).
+/// Whether the commit's check found no transaction open: the body ended the claim's
+/// transaction itself (SQLSTATE 25P01 from the check, see [`Statements::commit`]).
+///
+/// [`Statements::commit`]: crate::store::Statements::commit
 pub(crate) fn ended_by_body(error: &sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|db| db.code().as_deref() == Some("22012"))
+    is_no_transaction(error)
 }
 
 pub(crate) fn is_lock_timeout(error: &sqlx::Error) -> bool {

@@ -38,7 +38,7 @@ pub const WORKLOAD_CONNECTIONS: &[&str] =
     &["ledger-worker", "ledger-serializable", "external-service"];
 
 /// The first statement of the runtime's commit query (`Statements::commit`).
-const COMMIT_STATEMENT: &str = "SELECT 1 / coalesce(pg_current_xact_id_if_assigned()";
+const COMMIT_STATEMENT: &str = "SAVEPOINT idem_commit_check";
 
 /// The running injectors of infrastructure faults.
 #[derive(Default)]

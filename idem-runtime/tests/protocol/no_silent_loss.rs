@@ -768,6 +768,46 @@ async fn a_body_that_rolls_back_itself_is_parked_not_executed(pool: PgPool) {
     assert!(matches!(error, Error::Parked { .. }), "{error:?}");
 }
 
+/// A helper written for any connection, which opens a transaction of its own: on the
+/// handler's connection, sqlx's `begin` cannot tell that idem's transaction is open.
+async fn record_in_own_transaction(
+    conn: &mut PgConnection,
+    event: &OrderEvent,
+) -> Result<(), sqlx::Error> {
+    use sqlx::Connection;
+    let mut inner = conn.begin().await?;
+    testing::insert_effect(&mut inner, event).await?;
+    inner.commit().await
+}
+
+#[idempotent(key = "order_id", scope = "nested_begin")]
+async fn begin_on_the_connection(
+    tx: &mut PgConnection,
+    event: &OrderEvent,
+) -> Result<(), sqlx::Error> {
+    record_in_own_transaction(tx, event).await
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_body_that_begins_a_transaction_on_its_connection_is_parked_not_executed(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    let event = testing::paid("o-nested", 1);
+    let error = begin_on_the_connection(&idem, &event).await.unwrap_err();
+    assert!(matches!(error, Error::TransactionEnded { .. }), "{error:?}");
+    assert!(error.to_string().contains("tx.begin()"), "{error}");
+    // The helper's commit committed the claim and the effect together; nothing runs twice.
+    assert_eq!(effects(&pool).await, 1);
+    let record = idem
+        .record("nested_begin", key_of("o-nested"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, Status::Parked);
+    let error = begin_on_the_connection(&idem, &event).await.unwrap_err();
+    assert!(matches!(error, Error::Parked { .. }), "{error:?}");
+    assert_eq!(effects(&pool).await, 1);
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_body_that_commits_itself_is_parked_not_executed(pool: PgPool) {
     let idem = testing::setup(&pool).await;

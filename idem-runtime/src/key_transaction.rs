@@ -1,0 +1,160 @@
+//! The transaction that holds a claimed key: the connection a handler's body writes
+//! through, and how that transaction begins and ends.
+//!
+//! idem begins, commits and rolls back this transaction with its own statements rather
+//! than through sqlx's `Transaction`, so that the commit's check travels in the commit's
+//! own round trip and nothing follows it: sqlx's guard would roll back, with one more
+//! statement per message, a transaction that it did not see committed. The guard's other
+//! duty is kept here: a transaction that is dropped open (a delivery cancelled at any
+//! await point, a panic) is rolled back before its connection can serve anyone else.
+
+use std::ops::{Deref, DerefMut};
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Executor, PgConnection, PgPool, Postgres};
+
+/// The open transaction that holds a delivery's claimed key, handed to the body of a
+/// transactional handler (see [`transactional::run`](crate::transactional::run())). It
+/// dereferences to the [`PgConnection`] that the body's statements go through; the body's
+/// writes commit together with the key's `success`.
+///
+/// The runtime alone ends this transaction. A body that runs `COMMIT` or `ROLLBACK` on
+/// the connection, or begins a transaction of its own on it (`tx.begin()`: the connection
+/// is already inside idem's transaction, so sqlx's nested transaction would end it), gets
+/// [`Error::TransactionEnded`](crate::Error::TransactionEnded) and its key is parked. For a
+/// part of the body that may fail on its own, use `SAVEPOINT` and `ROLLBACK TO SAVEPOINT`
+/// statements.
+///
+/// Dropping it (a cancelled delivery, a panic in the body) rolls the transaction back
+/// before the connection returns to the pool.
+pub struct KeyTransaction {
+    /// `None` once the transaction has ended and the connection went back to the pool.
+    connection: Option<PoolConnection<Postgres>>,
+}
+
+impl KeyTransaction {
+    /// Acquires a connection from `pool` and opens a transaction on it with `begin` (one
+    /// simple query: `BEGIN` and the transaction's settings).
+    ///
+    /// Cancel-safe: dropped while `begin` is in flight, the transaction it opens is rolled
+    /// back before the connection is reused.
+    pub(crate) async fn begin(pool: &PgPool, begin: &str) -> Result<Self, sqlx::Error> {
+        let connection = pool.acquire().await?;
+        let mut transaction = KeyTransaction {
+            connection: Some(connection),
+        };
+        transaction.execute(begin).await?;
+        Ok(transaction)
+    }
+
+    /// Sends `statements` (a simple query that ends with `COMMIT`) and hands the
+    /// connection back to the pool. On an error the transaction is rolled back, unless
+    /// the server reports that none is open any more.
+    pub(crate) async fn commit(mut self, statements: &str) -> Result<(), sqlx::Error> {
+        match self.execute(statements).await {
+            Ok(_) => {
+                self.release();
+                Ok(())
+            }
+            Err(error) => {
+                if is_no_transaction(&error) {
+                    self.release();
+                } else {
+                    let _ = self.end("ROLLBACK").await;
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Rolls the transaction back and hands the connection back to the pool. An error
+    /// tells that the connection is lost (it is then closed, not reused).
+    pub(crate) async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        self.end("ROLLBACK").await
+    }
+
+    async fn end(&mut self, statement: &str) -> Result<(), sqlx::Error> {
+        match self.execute(statement).await {
+            Ok(_) => {
+                self.release();
+                Ok(())
+            }
+            Err(error) => {
+                if let Some(mut connection) = self.connection.take() {
+                    connection.close_on_drop();
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// The transaction is over: the connection goes back to the pool.
+    fn release(&mut self) {
+        self.connection = None;
+    }
+
+    fn connection(&mut self) -> &mut PgConnection {
+        self.connection
+            .as_deref_mut()
+            .expect("a KeyTransaction is used only while its transaction is open")
+    }
+
+    async fn execute(&mut self, statements: &str) -> Result<(), sqlx::Error> {
+        self.connection().execute(statements).await.map(drop)
+    }
+}
+
+impl Deref for KeyTransaction {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        self.connection
+            .as_deref()
+            .expect("a KeyTransaction is used only while its transaction is open")
+    }
+}
+
+impl DerefMut for KeyTransaction {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.connection()
+    }
+}
+
+impl Drop for KeyTransaction {
+    /// Rolls an open transaction back in a task of its own, which then hands the
+    /// connection back to the pool. Without a runtime to run that task, the connection is
+    /// closed instead, and the server rolls the transaction back.
+    fn drop(&mut self) {
+        let Some(mut connection) = self.connection.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    // Waits for whatever the dropped delivery left in flight, then ends
+                    // the transaction; a connection that cannot is closed.
+                    if connection.execute("ROLLBACK").await.is_err() {
+                        connection.close_on_drop();
+                    }
+                });
+            }
+            Err(_) => connection.close_on_drop(),
+        }
+    }
+}
+
+impl std::fmt::Debug for KeyTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyTransaction")
+            .field("open", &self.connection.is_some())
+            .finish()
+    }
+}
+
+/// Whether the server refused a statement because no transaction is open (SQLSTATE
+/// 25P01): the body ended idem's transaction itself.
+pub(crate) fn is_no_transaction(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .is_some_and(|db| db.code().as_deref() == Some("25P01"))
+}
