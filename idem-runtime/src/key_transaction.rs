@@ -23,7 +23,9 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres};
 /// is already inside idem's transaction, so sqlx's nested transaction would end it), gets
 /// [`Error::TransactionEnded`](crate::Error::TransactionEnded) and its key is parked. For a
 /// part of the body that may fail on its own, use `SAVEPOINT` and `ROLLBACK TO SAVEPOINT`
-/// statements.
+/// statements. The commit's check sees a transaction that is over or aborted, not one that
+/// the body began itself after ending idem's (`ROLLBACK` then `BEGIN` as statements of its
+/// own): the claim would be gone and the rest of the effects committed without it.
 ///
 /// Dropping it (a cancelled delivery, a panic in the body) rolls the transaction back
 /// before the connection returns to the pool.
