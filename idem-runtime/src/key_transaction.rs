@@ -24,8 +24,10 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres};
 /// [`Error::TransactionEnded`](crate::Error::TransactionEnded) and its key is parked. For a
 /// part of the body that may fail on its own, use `SAVEPOINT` and `ROLLBACK TO SAVEPOINT`
 /// statements. The commit's check sees a transaction that is over or aborted, not one that
-/// the body began itself after ending idem's (`ROLLBACK` then `BEGIN` as statements of its
-/// own): the claim would be gone and the rest of the effects committed without it.
+/// the body began after ending idem's: `ROLLBACK` then `BEGIN`, or `ROLLBACK AND CHAIN`,
+/// leave the claim gone and the rest of the effects committed without it (run again by the
+/// next delivery); `COMMIT AND CHAIN` commits the key with the effects so far, and a later
+/// failure of the body loses the rest.
 ///
 /// Dropping it (a cancelled delivery, a panic in the body) rolls the transaction back
 /// before the connection returns to the pool.

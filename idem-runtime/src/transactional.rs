@@ -482,7 +482,7 @@ pub(crate) async fn park_ended(
     keys: &[(IdempotencyKey, Option<&[u8]>)],
     xid: i64,
 ) {
-    const TEXT: &str = "the handler's body ended the transaction that held its key (COMMIT or ROLLBACK in the body); its effects may be partly committed";
+    const TEXT: &str = "the handler's body ended the transaction that held its key (COMMIT or ROLLBACK in the body, or begin() on its connection); its effects may be partly committed";
     for &(key, fingerprint) in keys {
         let parked = async {
             let mut tx = idem.bounded_transaction().await?;

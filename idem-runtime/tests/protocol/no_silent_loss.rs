@@ -605,14 +605,13 @@ struct Declined;
 
 struct Declining {
     order_id: String,
-    /// Announced once the body runs, holding the key's row.
+    /// Reached once the body runs, holding the key's row; released when the body may fail.
     running: Checkpoint,
 }
 
 #[idempotent(key = "order_id", scope = "bounded")]
 async fn decline(_tx: &mut PgConnection, message: &Declining) -> Result<(), Declined> {
-    message.running.announce();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    message.running.reach().await;
     Err(Declined)
 }
 
@@ -653,12 +652,33 @@ async fn recording_a_failure_behind_a_locked_row_waits_at_most_the_lock_timeout(
         async move { decline(&idem, &message).await }
     });
     running.reached().await;
-    let mut other = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM idem.idem_keys WHERE key = $1 FOR UPDATE")
-        .bind(key.as_uuid())
-        .execute(&mut *other)
-        .await
-        .unwrap();
+    let queued = tokio::spawn({
+        let pool = pool.clone();
+        async move {
+            let mut other = pool.begin().await.unwrap();
+            sqlx::query("SELECT 1 FROM idem.idem_keys WHERE key = $1 FOR UPDATE")
+                .bind(key.as_uuid())
+                .execute(&mut *other)
+                .await
+                .unwrap();
+            other
+        }
+    });
+    // The body fails only once the other session waits for the row's lock, so that the
+    // rollback hands the lock to it before the failure can be recorded.
+    while sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap()
+        == 0
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    running.release();
+    let other = queued.await.unwrap();
     let started = Instant::now();
     let error = delivery.await.unwrap().unwrap_err();
     assert!(
