@@ -437,9 +437,14 @@ impl Statements {
     /// storing `result` where there is one, and `COMMIT`.
     ///
     /// The result's values are inlined hex-encoded, so that no value can be read as SQL.
-    pub fn commit(&self, scope: &str, key: Uuid, result: Option<&serde_json::Value>) -> String {
+    pub fn commit(
+        &self,
+        scope: &str,
+        key: Uuid,
+        result: Option<&serde_json::Value>,
+    ) -> std::borrow::Cow<'_, str> {
         match result {
-            Some(result) => format!(
+            Some(result) => std::borrow::Cow::Owned(format!(
                 "{check}; UPDATE {table} SET result = convert_from(decode('{result}', 'hex'), 'UTF8')::json \
                  WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key = '{key}'; \
                  COMMIT",
@@ -447,8 +452,8 @@ impl Statements {
                 table = self.table,
                 result = hex::encode(result.to_string()),
                 scope = hex::encode(scope),
-            ),
-            None => self.commit_only.clone(),
+            )),
+            None => std::borrow::Cow::Borrowed(&self.commit_only),
         }
     }
 

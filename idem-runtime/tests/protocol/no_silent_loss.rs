@@ -25,6 +25,15 @@ async fn effects(pool: &PgPool) -> i64 {
     testing::count_rows(pool, "order_effects").await
 }
 
+/// The status of the key of `order_id` in `scope`, which must exist.
+async fn status(idem: &Idem, scope: &str, order_id: &str) -> Status {
+    idem.record(scope, key_of(order_id))
+        .await
+        .unwrap()
+        .expect("the key has a row")
+        .status
+}
+
 // ---- Two handlers called `handle` in two modules keep their own keys.
 
 mod billing {
@@ -778,12 +787,10 @@ async fn a_body_that_rolls_back_itself_is_parked_not_executed(pool: PgPool) {
     assert!(matches!(error, Error::TransactionEnded { .. }), "{error:?}");
     assert_eq!(error.disposition(), Disposition::DeadLetter);
     assert_eq!(effects(&pool).await, 0);
-    let record = idem
-        .record("self_ending", key_of("o-rollback"))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(record.status, Status::Parked);
+    assert_eq!(
+        status(&idem, "self_ending", "o-rollback").await,
+        Status::Parked
+    );
     let error = end_own_transaction(&idem, &event).await.unwrap_err();
     assert!(matches!(error, Error::Parked { .. }), "{error:?}");
 }
@@ -817,12 +824,10 @@ async fn a_body_that_begins_a_transaction_on_its_connection_is_parked_not_execut
     assert!(error.to_string().contains("tx.begin()"), "{error}");
     // The helper's commit committed the claim and the effect together; nothing runs twice.
     assert_eq!(effects(&pool).await, 1);
-    let record = idem
-        .record("nested_begin", key_of("o-nested"))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(record.status, Status::Parked);
+    assert_eq!(
+        status(&idem, "nested_begin", "o-nested").await,
+        Status::Parked
+    );
     let error = begin_on_the_connection(&idem, &event).await.unwrap_err();
     assert!(matches!(error, Error::Parked { .. }), "{error:?}");
     assert_eq!(effects(&pool).await, 1);
@@ -837,12 +842,10 @@ async fn a_body_that_commits_itself_is_parked_not_executed(pool: PgPool) {
     // What the body committed itself stays committed; the key it committed with it is
     // parked, for an operator to look at: never run again, never reported done.
     assert_eq!(effects(&pool).await, 1);
-    let record = idem
-        .record("self_ending", key_of("o-commit"))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(record.status, Status::Parked);
+    assert_eq!(
+        status(&idem, "self_ending", "o-commit").await,
+        Status::Parked
+    );
     let error = end_own_transaction(&idem, &event).await.unwrap_err();
     assert!(matches!(error, Error::Parked { .. }), "{error:?}");
     assert_eq!(effects(&pool).await, 1);
