@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Starts the services that idem's tests, examples and demo use, when they are not running
-# already: PostgreSQL, the `tansu` Kafka-API broker and, when asked, Redis. Running
-# instances are reused; everything listens on loopback only; `down` stops only what this
-# script started.
+# already: PostgreSQL, the `tansu` Kafka-API broker and, when asked, Redis and two PgBouncer
+# poolers. Running instances are reused; everything listens on loopback only; `down` stops
+# only what this script started.
 #
-#   scripts/services.sh [up] [--print-env] [postgres] [kafka] [redis]
+#   scripts/services.sh [up] [--print-env] [postgres] [kafka] [redis] [pgbouncer]
 #                                  start what is missing (default: postgres kafka); with
 #                                  --print-env, progress goes to stderr and stdout gets
-#                                  `export DATABASE_URL=...` / `export REDIS_URL=...`
-#                                  lines for `eval` (how test.sh and demo.sh use it)
+#                                  `export DATABASE_URL=...` / `export REDIS_URL=...` /
+#                                  `export IDEM_PGBOUNCER_SESSION_URL=...` /
+#                                  `export IDEM_PGBOUNCER_TRANSACTION_URL=...` lines for
+#                                  `eval` (how test.sh and demo.sh use it)
 #   scripts/services.sh down       stop what this script started
 #   scripts/services.sh status     show what runs
 #
@@ -20,18 +22,29 @@
 # port; the URL to use is printed (and exported with --print-env). PostgreSQL refuses to
 # run as root: as root, the private cluster runs as the user `postgres` (or `nobody`).
 # Redis: the same, with a private `redis-server` (no persistence) when none answers PING
-# at REDIS_URL. Missing server programs are installed with apt-get or dnf when this runs
-# as root or with password-less sudo; otherwise the script stops with the command to run.
+# at REDIS_URL.
+# PgBouncer (`pgbouncer`, which implies `postgres`): two private instances in front of the
+# PostgreSQL in use, one with pool_mode = session and one with pool_mode = transaction, on
+# free loopback ports from 6432 on (each in $IDEM_SERVICES_DIR/pgbouncer-<mode>: ini,
+# userlist, pid file, log; no Unix socket). They take any database name, trust their
+# clients, log in to the server as DATABASE_URL's user (with its password, if any), keep 8
+# server connections per database and user (default_pool_size), ignore the startup
+# parameter extra_float_digits (sqlx sends it) and let DATABASE_URL's user read the admin
+# console (database `pgbouncer`: SHOW CONFIG, SHOW POOLS). One that runs is reused, or
+# restarted when the server or the user changed. As root, they run as the user `postgres`
+# (or `nobody`): PgBouncer refuses root too.
+# Missing server programs are installed with apt-get or dnf when this runs as root or with
+# password-less sudo; otherwise the script stops with the command to run.
 #
 # Environment:
-#   IDEM_SERVICES_DIR  pid files, logs, the private cluster and the broker's storage
-#                      (default: ${TMPDIR:-/tmp}/idem-services)
+#   IDEM_SERVICES_DIR  pid files, logs, the private cluster, the poolers' settings and the
+#                      broker's storage (default: ${TMPDIR:-/tmp}/idem-services)
 #   DATABASE_URL       where PostgreSQL is expected (default postgres://postgres@127.0.0.1:5432/postgres)
 #   REDIS_URL          where Redis is expected (default redis://127.0.0.1:6379)
 #   REDIS_PORT         Redis's port on 127.0.0.1 when REDIS_URL is not set (default 6379)
 #   KAFKA_PORT         the broker's port on 127.0.0.1 (default 9092)
 #   IDEM_NO_INSTALL=1  fail with the command to run instead of installing what is missing
-#                      (tansu, PostgreSQL's or Redis's server programs)
+#                      (tansu, PostgreSQL's or Redis's server programs, pgbouncer)
 set -euo pipefail
 
 TANSU_VERSION=0.6.0
@@ -230,6 +243,16 @@ find_psql() {
     fi
 }
 
+# The user that the servers which refuse root run as when this script runs as root:
+# `postgres` when there is one (the packages create it), `nobody` otherwise.
+service_user() {
+    if id -u postgres >/dev/null 2>&1; then
+        printf 'postgres\n'
+    else
+        printf 'nobody\n'
+    fi
+}
+
 owner_of() { # path
     stat -c %U "$1" 2>/dev/null || stat -f %Su "$1"
 }
@@ -238,12 +261,19 @@ owner_of() { # path
 # root: as root, the owner is the user `postgres` when there is one (the packages create
 # it), `nobody` otherwise. From `/`, which every user may enter.
 pg_run() {
+    run_as_owner_of "$PG_DIR" "$@"
+}
+
+# Runs a command as the owner of `dir` when root (see pg_run), as this user otherwise.
+run_as_owner_of() { # dir command...
+    local dir=$1
+    shift
     if [[ $(id -u) -ne 0 ]]; then
         (cd / && "$@")
         return
     fi
     local user
-    user=$(owner_of "$PG_DIR")
+    user=$(owner_of "$dir")
     if command -v runuser >/dev/null 2>&1; then
         (cd / && runuser -u "$user" -- "$@")
     else
@@ -312,8 +342,8 @@ start_private_postgres() { # port listen-address
         rm -rf "$PG_DIR"
         mkdir -p "$PG_DIR"
         if [[ $(id -u) -eq 0 ]]; then
-            local user=postgres
-            id -u postgres >/dev/null 2>&1 || user=nobody
+            local user
+            user=$(service_user)
             chown "$user" "$PG_DIR"
             pg_run test -w "$PG_DIR" || fail "the private cluster runs as the user '$user' (PostgreSQL refuses root), and '$user' cannot reach $PG_DIR.
   Point IDEM_SERVICES_DIR at a folder every user can enter, e.g.: export IDEM_SERVICES_DIR=/tmp/idem-services"
@@ -446,6 +476,241 @@ stop_postgres() {
         rm -f "$STATE_DIR/postgres.started"
         stopped=0
     fi
+    return "$stopped"
+}
+
+# ---------------------------------------------------------------------------------------
+# PgBouncer
+
+# Two private instances in front of the PostgreSQL in use (PG_URL): one per pool mode, each
+# in $STATE_DIR/pgbouncer-<mode> with its ini, userlist, pid file and log.
+PGB_MODES=(session transaction)
+PGB_SESSION_URL=""     # the URL through the session pooler, once up
+PGB_TRANSACTION_URL="" # the URL through the transaction pooler, once up
+PGB_BIN=""
+
+find_pgbouncer() {
+    if command -v pgbouncer >/dev/null 2>&1; then
+        command -v pgbouncer
+    elif [[ -x /usr/sbin/pgbouncer ]]; then # Debian's package; /usr/sbin is not on every PATH
+        printf '%s\n' /usr/sbin/pgbouncer
+    else
+        return 1
+    fi
+}
+
+pgb_env_name() { # mode: the variable that --print-env exports
+    case $1 in
+    session) printf 'IDEM_PGBOUNCER_SESSION_URL\n' ;;
+    transaction) printf 'IDEM_PGBOUNCER_TRANSACTION_URL\n' ;;
+    esac
+}
+
+pgb_set_url() { # mode url
+    case $1 in
+    session) PGB_SESSION_URL=$2 ;;
+    transaction) PGB_TRANSACTION_URL=$2 ;;
+    esac
+}
+
+pgb_dir() { # mode
+    printf '%s\n' "$STATE_DIR/pgbouncer-$1"
+}
+
+# The pid of the instance of `mode` that this script started, when it runs.
+pgb_pid() { # mode
+    local dir pid
+    dir=$(pgb_dir "$1")
+    pid=$(cat "$dir/pgbouncer.pid" 2>/dev/null) || return 1
+    [[ $pid =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+    # Its command line names its ini (a pid reused by another program does not).
+    [[ ! -d /proc ]] || grep -qaF -- "$dir/pgbouncer.ini" "/proc/$pid/cmdline" 2>/dev/null || return 1
+    printf '%s\n' "$pid"
+}
+
+pgb_port() { # mode: the listen_port of its ini
+    local line
+    line=$(grep -m 1 '^listen_port = ' "$(pgb_dir "$1")/pgbouncer.ini" 2>/dev/null) || return 1
+    printf '%s\n' "${line#listen_port = }"
+}
+
+# The ini of the instance of `mode` on `port` in front of host:port, for admin user `user`.
+pgb_ini() { # mode port backend-host backend-port user
+    local dir
+    dir=$(pgb_dir "$1")
+    cat <<INI
+; idem's private PgBouncer (scripts/services.sh), pool_mode $1: written at each start
+[databases]
+; Any database name goes to the same server (the tests create a database per test).
+* = host=$3 port=$4
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $2
+unix_socket_dir =
+auth_type = trust
+auth_file = $dir/userlist.txt
+admin_users = $5
+pool_mode = $1
+max_client_conn = 500
+default_pool_size = 8
+; sqlx sends extra_float_digits when it connects
+ignore_startup_parameters = extra_float_digits
+logfile = $dir/pgbouncer.log
+pidfile = $dir/pgbouncer.pid
+INI
+}
+
+pgb_userlist() { # user password: the user (auth_type trust still looks it up there)
+    local user=${1//\"/\"\"} password=${2//\"/\"\"}
+    printf '"%s" "%s"\n' "$user" "$password"
+}
+
+# Whether the instance on `port` passes `SELECT 1` to the server (a listening port when
+# psql is missing); the client's error in pgb_refusal otherwise.
+pgb_check() { # port user database
+    port_open 127.0.0.1 "$1" || {
+        pgb_refusal="nothing listens on 127.0.0.1:$1"
+        return 1
+    }
+    local psql
+    psql=$(find_psql) || return 0
+    pgb_refusal=$(PGCONNECT_TIMEOUT=5 "$psql" -w -X -A -t -q -h 127.0.0.1 -p "$1" -U "$2" -d "$3" \
+        -c 'SELECT 1' 2>&1 >/dev/null) && return 0
+    pgb_refusal=$(printf '%s\n' "$pgb_refusal" | head -n 3)
+    return 1
+}
+
+stop_pgbouncer_instance() { # mode
+    local pid
+    pid=$(pgb_pid "$1") || {
+        rm -f "$(pgb_dir "$1")/pgbouncer.pid"
+        return 1
+    }
+    # SIGTERM: immediate shutdown (SIGINT would wait for the clients' transactions).
+    kill -TERM "$pid" 2>/dev/null || true
+    wait_gone "$pid" 10 || fail "pgbouncer (pool_mode $1, pid $pid) did not stop within 10 s"
+    rm -f "$(pgb_dir "$1")/pgbouncer.pid"
+    say "pgbouncer: stopped the $1 pooler (pid $pid)"
+}
+
+ensure_pgbouncer_binary() { # sets PGB_BIN
+    PGB_BIN=$(find_pgbouncer) && return 0
+    say "pgbouncer: pgbouncer is not installed"
+    install_packages "PgBouncer (pgbouncer)" pgbouncer pgbouncer \
+        "macOS: brew install pgbouncer; Arch: pacman -S pgbouncer; Alpine: apk add pgbouncer"
+    PGB_BIN=$(find_pgbouncer) || fail "PgBouncer was installed but pgbouncer is not on PATH nor in /usr/sbin"
+    say "pgbouncer: installed ($PGB_BIN)"
+}
+
+# One instance of `mode` in front of the PostgreSQL at PG_URL: reused when it runs with the
+# same settings (same server, user and password), restarted when they changed.
+start_pgbouncer_instance() { # mode
+    local mode=$1 dir port="" pid ini userlist
+    dir=$(pgb_dir "$mode")
+    parse_url "$PG_URL" 5432
+    local host=$url_host backend_port=$url_port user=${url_user:-postgres} password=$url_password database=$url_path
+    [[ -n $database ]] || database=$user
+    # The URL through the instance: PG_URL's user, password and database, without its
+    # query (PgBouncer's clients here speak plain TCP).
+    local rest=${PG_URL#*://} authority userinfo="" path="" url
+    authority=${rest%%[/?]*}
+    [[ $authority == *@* ]] && userinfo=${authority%@*}@
+    rest=${rest:${#authority}}
+    rest=${rest%%\?*}
+    [[ $rest == /* ]] && path=$rest
+    url=postgres://${userinfo}127.0.0.1
+
+    userlist=$(pgb_userlist "$user" "$password")
+    if pid=$(pgb_pid "$mode"); then
+        port=$(pgb_port "$mode")
+        ini=$(pgb_ini "$mode" "$port" "$host" "$backend_port" "$user")
+        if [[ $ini == "$(cat "$dir/pgbouncer.ini")" && $userlist == "$(cat "$dir/userlist.txt" 2>/dev/null)" ]] &&
+            pgb_check "$port" "$user" "$database"; then
+            pgb_set_url "$mode" "$url:$port$path"
+            say "pgbouncer: $mode pooler running at 127.0.0.1:$port in front of $host:$backend_port (reused; started by this script)"
+            return
+        fi
+        local before
+        before=$(sed -n 's/^\* = host=\(.*\) port=\(.*\)$/\1:\2/p' "$dir/pgbouncer.ini")
+        if [[ $before != "$host:$backend_port" ]]; then
+            say "pgbouncer: the $mode pooler at 127.0.0.1:$port stands in front of $before, and the PostgreSQL in use is $host:$backend_port: restarting it"
+        elif [[ $ini != "$(cat "$dir/pgbouncer.ini")" || $userlist != "$(cat "$dir/userlist.txt" 2>/dev/null)" ]]; then
+            say "pgbouncer: the $mode pooler at 127.0.0.1:$port runs with other settings (user, password or this script's): restarting it"
+        else
+            say "pgbouncer: the $mode pooler at 127.0.0.1:$port does not pass 'SELECT 1' to $host:$backend_port: restarting it"
+            say "$(printf '%s\n' "$pgb_refusal" | head -n 1 | sed 's/^/           /')"
+        fi
+        stop_pgbouncer_instance "$mode" || true
+    else
+        port=$(pgb_port "$mode" || true)
+    fi
+    # The port of an earlier run when it is free, the next free one from 6432 otherwise
+    # (past the other mode's port, which may not listen yet).
+    if [[ -z $port ]] || port_open 127.0.0.1 "$port" || [[ $port == "${PGB_TAKEN_PORT:-}" ]]; then
+        port=$(free_port 6432)
+        [[ $port != "${PGB_TAKEN_PORT:-}" ]] || port=$(free_port $((port + 1)))
+    fi
+
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    pgb_ini "$mode" "$port" "$host" "$backend_port" "$user" >"$dir/pgbouncer.ini"
+    (umask 077 && printf '%s\n' "$userlist" >"$dir/userlist.txt")
+    : >>"$dir/pgbouncer.log"
+    if [[ $(id -u) -eq 0 ]]; then
+        # PgBouncer refuses to run as root.
+        local owner
+        owner=$(service_user)
+        chown -R "$owner" "$dir"
+        run_as_owner_of "$dir" test -w "$dir" -a -r "$dir/userlist.txt" || fail "PgBouncer runs as the user '$owner' (it refuses root), and '$owner' cannot reach $dir.
+  Point IDEM_SERVICES_DIR at a folder every user can enter, e.g.: export IDEM_SERVICES_DIR=/tmp/idem-services"
+    fi
+    say "pgbouncer: starting the $mode pooler on 127.0.0.1:$port in front of $host:$backend_port (log: $dir/pgbouncer.log)"
+    # -d: it daemonizes once its port listens. It must not inherit the scripts' locks.
+    run_as_owner_of "$dir" "$PGB_BIN" -d "$dir/pgbouncer.ini" >>"$dir/pgbouncer.log" 2>&1 6>&- 7>&- 8>&- 9>&- ||
+        fail "pgbouncer ($mode pooler) did not start; the end of $dir/pgbouncer.log:
+$(tail -n 20 "$dir/pgbouncer.log")"
+    # The daemon writes its pid file a moment after the command returns; it removes it
+    # when it ends (a port it cannot take, say).
+    local deadline=$((SECONDS + 15)) pidfile_by=$((SECONDS + 3))
+    until pgb_check "$port" "$user" "$database"; do
+        if ((SECONDS >= deadline)) || { [[ -f $dir/pgbouncer.pid ]] && ! pgb_pid "$mode" >/dev/null; } ||
+            { ((SECONDS >= pidfile_by)) && [[ ! -f $dir/pgbouncer.pid ]]; }; then
+            stop_pgbouncer_instance "$mode" >/dev/null || true
+            fail "pgbouncer ($mode pooler on 127.0.0.1:$port) does not pass 'SELECT 1' to $host:$backend_port:
+$(printf '%s\n' "$pgb_refusal" | sed 's/^/    /')
+  The end of $dir/pgbouncer.log:
+$(tail -n 20 "$dir/pgbouncer.log")"
+        fi
+        sleep 0.1
+    done
+    PGB_TAKEN_PORT=$port
+    pgb_set_url "$mode" "$url:$port$path"
+    say "pgbouncer: $mode pooler running at 127.0.0.1:$port in front of $host:$backend_port (started; pid $(pgb_pid "$mode"))"
+    ((PRINT_ENV)) || say "           the tests reach it with: export $(pgb_env_name "$mode")=$url:$port$path"
+}
+
+start_pgbouncer() {
+    [[ -n $PG_URL ]] || fail "pgbouncer needs the PostgreSQL in use; start postgres first"
+    exec 6>"$STATE_DIR/pgbouncer.lock"
+    flock 6
+    ensure_pgbouncer_binary
+    PGB_TAKEN_PORT=""
+    local mode
+    for mode in "${PGB_MODES[@]}"; do
+        # The other mode's port when it runs (reused) is taken too.
+        start_pgbouncer_instance "$mode"
+        PGB_TAKEN_PORT=$(pgb_port "$mode")
+    done
+    flock -u 6
+    exec 6>&-
+}
+
+stop_pgbouncer() { # status 0 when it stopped one
+    local mode stopped=1
+    for mode in "${PGB_MODES[@]}"; do
+        stop_pgbouncer_instance "$mode" && stopped=0
+    done
     return "$stopped"
 }
 
@@ -619,9 +884,19 @@ $(tail -n 20 "$STATE_DIR/tansu.log")"
 
 # ---------------------------------------------------------------------------------------
 
+# Whether process `pid` still runs: a zombie does not (a daemon's zombie waits for init,
+# which may reap it only a second or two later).
+still_runs() { # pid
+    kill -0 "$1" 2>/dev/null || return 1
+    local stat
+    stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+    stat=${stat##*) }
+    [[ ${stat:0:1} != Z ]]
+}
+
 wait_gone() { # pid seconds
     local deadline=$((SECONDS + $2))
-    while kill -0 "$1" 2>/dev/null; do
+    while still_runs "$1"; do
         ((SECONDS < deadline)) || return 1
         sleep 0.1
     done
@@ -650,6 +925,7 @@ stop_started() {
         rm -f "$STATE_DIR/redis.started"
         stopped=1
     fi
+    stop_pgbouncer && stopped=1
     stop_postgres && stopped=1
     ((stopped)) || say "nothing to stop: this script started no service that still runs"
 }
@@ -658,22 +934,22 @@ status() {
     local port state
     parse_url "$DATABASE_URL" 5432
     if port=$(private_pg_port); then
-        printf '%-9s %s  %s\n' "postgres:" "127.0.0.1:$port" "running (private cluster in $PG_DIR, started by this script)"
+        printf '%-10s %s  %s\n' "postgres:" "127.0.0.1:$port" "running (private cluster in $PG_DIR, started by this script)"
     else
         state="not running"
         case $(pg_check "$url_host" "$url_port" "${url_user:-postgres}" "${url_path:-${url_user:-postgres}}" && echo 0 || echo $?) in
         0) state="running" ;;
         2) state="running, refuses DATABASE_URL's connection" ;;
         esac
-        printf '%-9s %s  %s\n' "postgres:" "$url_host:$url_port" "$state"
+        printf '%-10s %s  %s\n' "postgres:" "$url_host:$url_port" "$state"
     fi
     state="not running"
     port_open 127.0.0.1 "$KAFKA_PORT" && state="running"
     [[ -f $STATE_DIR/kafka.started ]] && state="$state (started by this script)"
-    printf '%-9s %s  %s\n' "kafka:" "127.0.0.1:$KAFKA_PORT" "$state"
+    printf '%-10s %s  %s\n' "kafka:" "127.0.0.1:$KAFKA_PORT" "$state"
     parse_url "$REDIS_URL" 6379
     if port=$(private_redis_port); then
-        printf '%-9s %s  %s\n' "redis:" "127.0.0.1:$port" "running (started by this script)"
+        printf '%-10s %s  %s\n' "redis:" "127.0.0.1:$port" "running (started by this script)"
     else
         state="not running"
         local reply
@@ -681,8 +957,16 @@ status() {
             state="running"
             [[ $reply == +PONG ]] || state="running, answers PING with: ${reply:-nothing}"
         fi
-        printf '%-9s %s  %s\n' "redis:" "$url_host:$url_port" "$state"
+        printf '%-10s %s  %s\n' "redis:" "$url_host:$url_port" "$state"
     fi
+    local mode address
+    for mode in "${PGB_MODES[@]}"; do
+        address=-
+        port=$(pgb_port "$mode") && address=127.0.0.1:$port
+        state="pool_mode=$mode, not running"
+        pgb_pid "$mode" >/dev/null && state="pool_mode=$mode, running (started by this script)"
+        printf '%-10s %s  %s\n' "pgbouncer:" "$address" "$state"
+    done
 }
 
 mkdir -p "$STATE_DIR"
@@ -710,19 +994,34 @@ services=()
 for argument in "$@"; do
     case $argument in
     --print-env) PRINT_ENV=1 ;;
-    postgres | kafka | redis) services+=("$argument") ;;
-    *) fail "unknown service '$argument'; expected postgres, kafka or redis (or --print-env)" ;;
+    postgres | kafka | redis | pgbouncer) services+=("$argument") ;;
+    *) fail "unknown service '$argument'; expected postgres, kafka, redis or pgbouncer (or --print-env)" ;;
     esac
 done
 ((${#services[@]})) || services=(postgres kafka)
+# PgBouncer stands in front of the PostgreSQL in use: postgres first, pgbouncer after it.
+wanted=" ${services[*]} "
+if [[ $wanted == *" pgbouncer "* ]]; then
+    services=(postgres)
+    for service in $wanted; do
+        case $service in
+        postgres | pgbouncer) ;;
+        *) services+=("$service") ;;
+        esac
+    done
+    services+=(pgbouncer)
+fi
 for service in "${services[@]}"; do
     case $service in
     postgres) start_postgres ;;
     kafka) start_kafka ;;
     redis) start_redis ;;
+    pgbouncer) start_pgbouncer ;;
     esac
 done
 if ((PRINT_ENV)); then
     [[ -z $PG_URL ]] || printf 'export DATABASE_URL=%q\n' "$PG_URL"
     [[ -z $REDIS_OUT_URL ]] || printf 'export REDIS_URL=%q\n' "$REDIS_OUT_URL"
+    [[ -z $PGB_SESSION_URL ]] || printf 'export IDEM_PGBOUNCER_SESSION_URL=%q\n' "$PGB_SESSION_URL"
+    [[ -z $PGB_TRANSACTION_URL ]] || printf 'export IDEM_PGBOUNCER_TRANSACTION_URL=%q\n' "$PGB_TRANSACTION_URL"
 fi

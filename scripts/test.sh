@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every test: unit, integration (PostgreSQL, Redis, the Kafka-API broker), compile-fail
-# and doc tests. Starts the services that are missing first (private PostgreSQL and Redis
-# servers when none answers; the first run installs the tansu broker, about 12 minutes)
-# and runs the tests against them; extra arguments go to `cargo test`.
+# Every test: unit, integration (PostgreSQL, PgBouncer, Redis, the Kafka-API broker),
+# compile-fail and doc tests. Starts the services that are missing first (private
+# PostgreSQL and Redis servers when none answers, two private PgBouncer poolers; the first
+# run installs the tansu broker, about 12 minutes) and runs the tests against them; extra
+# arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,8 +14,10 @@ for tool in cargo cc make; do
     }
 done
 
-# DATABASE_URL and REDIS_URL of the servers in use (those of private ones, when started).
-exports=$(scripts/services.sh up --print-env postgres redis kafka)
+# DATABASE_URL and REDIS_URL of the servers in use (those of private ones, when started),
+# and IDEM_PGBOUNCER_SESSION_URL / IDEM_PGBOUNCER_TRANSACTION_URL: PgBouncer in front of
+# that PostgreSQL, in session and in transaction pool mode.
+exports=$(scripts/services.sh up --print-env postgres redis kafka pgbouncer)
 eval "$exports"
 cargo test --workspace --all-features "$@"
 # The compile error of the cache's handler arguments without the `redis` feature shows

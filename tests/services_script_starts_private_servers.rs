@@ -1,11 +1,13 @@
 //! `scripts/services.sh` with the usual servers hidden from it (`DATABASE_URL` and
 //! `REDIS_URL` on free loopback ports, a state folder of its own) runs a private PostgreSQL
-//! cluster and a private Redis: they come up, answer, are reused by a second `up`, and
+//! cluster and a private Redis, and `up pgbouncer` a session and a transaction PgBouncer in
+//! front of that cluster: they come up, answer, are reused by a second `up`, and
 //! `services.sh down` stops them with nothing left running. A server that refuses an
 //! explicit URL gets a message that says so, and no private server.
 //!
 //! Skipped, with the reason printed, only where the server programs are missing and the
-//! script cannot install them (it exits with status 3 then).
+//! script cannot install them (it exits with status 3 then); without PgBouncer, only its
+//! part is skipped.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -13,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, PgConnection, Row};
 
 /// The script's exit status when a server program is missing and it cannot install it.
 const EXIT_MISSING: i32 = 3;
@@ -214,10 +216,38 @@ async fn services_script_starts_private_postgres_and_redis_and_stops_them() {
     conn.close().await.unwrap();
     assert_eq!(redis_ping(redis_port), "+PONG");
 
-    // A second `up` reuses both.
-    let again = services.run(&["up", "postgres", "redis"]);
+    // PgBouncer: `up pgbouncer` (postgres implied) runs a session and a transaction pooler
+    // in front of the private cluster and prints their URLs after DATABASE_URL's.
+    let up = services.run(&["up", "--print-env", "pgbouncer"]);
+    let poolers = if up.status.code() == Some(EXIT_MISSING) {
+        println!(
+            "PgBouncer part skipped: pgbouncer is missing and scripts/services.sh cannot install it here:\n{}",
+            text(&up.stderr)
+        );
+        None
+    } else {
+        assert!(up.status.success(), "services.sh up pgbouncer failed");
+        Some(check_poolers(&text(&up.stdout), &database_url, &cluster).await)
+    };
+
+    // A second `up` reuses all of them.
+    let mut args = vec!["up", "postgres", "redis"];
+    if poolers.is_some() {
+        args.push("pgbouncer");
+    }
+    let again = services.run(&args);
     assert!(again.status.success());
     let stdout = text(&again.stdout);
+    if let Some(poolers) = &poolers {
+        for (mode, port) in poolers {
+            assert!(
+                stdout.contains(&format!(
+                    "pgbouncer: {mode} pooler running at 127.0.0.1:{port} in front of 127.0.0.1:{pg_port} (reused"
+                )),
+                "{stdout}"
+            );
+        }
+    }
     assert!(
         stdout.contains(&format!(
             "private cluster running at 127.0.0.1:{pg_port} (reused"
@@ -230,6 +260,16 @@ async fn services_script_starts_private_postgres_and_redis_and_stops_them() {
     );
     let status = text(&services.run(&["status"]).stdout);
     assert!(status.contains("running (private cluster in"), "{status}");
+    if let Some(poolers) = &poolers {
+        for (mode, port) in poolers {
+            assert!(
+                status.contains(&format!(
+                    "pgbouncer: 127.0.0.1:{port}  pool_mode={mode}, running (started by this script)"
+                )),
+                "{status}"
+            );
+        }
+    }
 
     // An explicit URL that the server refuses is an error that says so, with what to do;
     // no private server is started for it.
@@ -254,9 +294,20 @@ async fn services_script_starts_private_postgres_and_redis_and_stops_them() {
     assert!(!refused.state().join("redis.pid").exists());
     drop(refused);
 
-    // Down stops both; nothing is left running.
+    // Down stops all of them; nothing is left running.
     let postmaster = pid_in(&cluster.join("postmaster.pid"));
     let redis = pid_in(&services.state().join("redis.pid"));
+    let bouncers: Vec<u32> = poolers
+        .iter()
+        .flatten()
+        .map(|(mode, _)| {
+            pid_in(
+                &services
+                    .state()
+                    .join(format!("pgbouncer-{mode}/pgbouncer.pid")),
+            )
+        })
+        .collect();
     let started = Instant::now();
     let down = services.run(&["down"]);
     let down_time = started.elapsed();
@@ -270,6 +321,16 @@ async fn services_script_starts_private_postgres_and_redis_and_stops_them() {
         stdout.contains(&format!("redis: stopped (pid {redis})")),
         "{stdout}"
     );
+    for (pid, (mode, port)) in bouncers.iter().zip(poolers.iter().flatten()) {
+        assert!(
+            stdout.contains(&format!("pgbouncer: stopped the {mode} pooler (pid {pid})")),
+            "{stdout}"
+        );
+        assert!(
+            !listening(*port),
+            "PgBouncer ({mode}) still listens on {port}"
+        );
+    }
     println!("services.sh down took {down_time:.1?}");
     assert!(!listening(pg_port), "PostgreSQL still listens on {pg_port}");
     assert!(
@@ -282,11 +343,18 @@ async fn services_script_starts_private_postgres_and_redis_and_stops_them() {
             "the postmaster (pid {postmaster}) still runs"
         );
         assert!(exits(redis), "Redis (pid {redis}) still runs");
+        for pid in &bouncers {
+            assert!(exits(*pid), "PgBouncer (pid {pid}) still runs");
+        }
         let left = processes_naming(&services.state());
         assert!(left.is_empty(), "still running: {left:?}");
     }
     let status = text(&services.run(&["status"]).stdout);
-    for service in ["postgres:", "redis:"] {
+    let mut stopped = vec!["postgres:", "redis:"];
+    if poolers.is_some() {
+        stopped.push("pgbouncer:");
+    }
+    for service in stopped {
         assert!(
             status
                 .lines()
@@ -294,4 +362,85 @@ async fn services_script_starts_private_postgres_and_redis_and_stops_them() {
             "{status}"
         );
     }
+}
+
+/// The pool modes that `up pgbouncer` starts, with the port of each.
+type Poolers = Vec<(&'static str, u16)>;
+
+/// Checks what `up --print-env pgbouncer` printed: DATABASE_URL, then a URL per pooler with
+/// its user and database; through each, sqlx reaches the private cluster (so PgBouncer takes
+/// sqlx's startup parameters), and the admin console reports the pooler's settings.
+async fn check_poolers(stdout: &str, database_url: &str, cluster: &Path) -> Poolers {
+    let mut lines = stdout.lines();
+    assert_eq!(
+        lines.next(),
+        Some(format!("export DATABASE_URL={database_url}").as_str()),
+        "{stdout}"
+    );
+    let mut poolers = Poolers::new();
+    for (mode, name) in [
+        ("session", "IDEM_PGBOUNCER_SESSION_URL"),
+        ("transaction", "IDEM_PGBOUNCER_TRANSACTION_URL"),
+    ] {
+        let line = lines.next().unwrap_or_default();
+        let url = line
+            .strip_prefix(&format!("export {name}="))
+            .unwrap_or_else(|| panic!("no {name} in:\n{stdout}"));
+        let port: u16 = url
+            .strip_prefix("postgres://postgres@127.0.0.1:")
+            .and_then(|rest| rest.strip_suffix("/postgres"))
+            .and_then(|port| port.parse().ok())
+            .unwrap_or_else(|| {
+                panic!("{name}={url}: not DATABASE_URL's user and database on a loopback port")
+            });
+        assert!(poolers.iter().all(|(_, other)| *other != port), "{stdout}");
+
+        // The simple query protocol: a prepared statement lives on the server connection
+        // that prepared it, and PgBouncer 1.18 in transaction mode may run the next
+        // statement on another one.
+        let mut conn = PgConnection::connect(url)
+            .await
+            .unwrap_or_else(|error| panic!("connect through the {mode} pooler: {error}"));
+        let row = sqlx::raw_sql("SELECT current_setting('data_directory')")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        let data_directory: String = row.get(0);
+        assert_eq!(Path::new(&data_directory), cluster, "{mode} pooler");
+        conn.close().await.unwrap();
+
+        // The admin console: SHOW CONFIG as DATABASE_URL's user.
+        let admin = format!("postgres://postgres@127.0.0.1:{port}/pgbouncer");
+        let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|error| {
+            panic!("connect to the {mode} pooler's admin console: {error}")
+        });
+        let config: Vec<(String, String)> = sqlx::raw_sql("SHOW CONFIG")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| {
+                (
+                    row.get(0),
+                    row.get::<Option<String>, _>(1).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let setting = |key: &str| {
+            config
+                .iter()
+                .find(|(name, _)| name == key)
+                .map(|(_, value)| value.as_str())
+                .unwrap_or_else(|| panic!("no {key} in SHOW CONFIG: {config:?}"))
+        };
+        assert_eq!(setting("pool_mode"), mode);
+        assert_eq!(setting("listen_port"), port.to_string());
+        assert_eq!(setting("listen_addr"), "127.0.0.1");
+        assert_eq!(setting("default_pool_size"), "8");
+        assert_eq!(setting("ignore_startup_parameters"), "extra_float_digits");
+        conn.close().await.unwrap();
+        poolers.push((mode, port));
+    }
+    assert_eq!(lines.next(), None, "{stdout}");
+    poolers
 }
