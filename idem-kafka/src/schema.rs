@@ -5,7 +5,6 @@ use std::sync::Arc;
 use idem_runtime::Idem;
 use idem_runtime::config::Identifier;
 use sqlx::migrate::Migrator;
-use sqlx::{Connection, Executor, PgConnection};
 
 use crate::error::ConsumerError;
 
@@ -58,25 +57,7 @@ impl Schema {
 /// start-up (the migrations take an advisory lock and are tracked in the schema's own
 /// `_sqlx_migrations` table).
 pub async fn migrate(idem: &Idem, schema: &Schema) -> Result<(), ConsumerError> {
-    let name = schema.as_str();
-    let options = idem
-        .pool()
-        .connect_options()
-        .as_ref()
-        .clone()
-        .options([("search_path", name)]);
-    let mut conn = PgConnection::connect_with(&options).await?;
-    let create = format!("CREATE SCHEMA IF NOT EXISTS {name}");
-    if let Err(error) = conn.execute(create.as_str()).await {
-        // Two processes creating the schema at once: one of them loses the race.
-        let raced = error
-            .as_database_error()
-            .is_some_and(|db| matches!(db.code().as_deref(), Some("23505" | "42P06")));
-        if !raced {
-            return Err(error.into());
-        }
-    }
-    let applied = MIGRATOR.run_direct(&mut conn).await;
-    conn.close().await?;
-    Ok(applied?)
+    let name = Identifier::new(schema.as_str())
+        .map_err(|error| ConsumerError::Config(error.to_string()))?;
+    Ok(idem_runtime::store::migrate_schema(idem.pool(), &name, &MIGRATOR).await?)
 }

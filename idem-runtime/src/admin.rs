@@ -144,17 +144,23 @@ pub struct MigrationState {
 /// schema has. A schema that does not exist has none.
 pub async fn migration_status(idem: &Idem) -> Result<Vec<MigrationState>, AdminError> {
     let schema = idem.config().schema().as_str();
-    let tracked: Option<String> =
-        sqlx::query_scalar("SELECT to_regclass(format('%I._sqlx_migrations', $1::text))::text")
-            .bind(schema)
-            .fetch_one(idem.pool())
-            .await?;
+    let statements = idem.statements();
+    let tracked: Option<String> = statements
+        .query(
+            "SELECT to_regclass(format('%I._sqlx_migrations', $1::text))::text",
+            &[schema.into()],
+        )
+        .fetch_one(idem.pool())
+        .await?
+        .try_get(0)?;
     let applied: Vec<i64> = match tracked {
-        Some(table) => {
-            sqlx::query_scalar(&format!("SELECT version FROM {table} WHERE success"))
-                .fetch_all(idem.pool())
-                .await?
-        }
+        Some(table) => statements
+            .query(&format!("SELECT version FROM {table} WHERE success"), &[])
+            .fetch_all(idem.pool())
+            .await?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?,
         None => Vec::new(),
     };
     Ok(MIGRATOR
@@ -192,10 +198,9 @@ pub async fn show_key(idem: &Idem, scope: &str, key: Uuid) -> Result<KeyRow, Adm
         "SELECT {COLUMNS} FROM {} WHERE scope = $1 AND key = $2",
         idem.statements().table
     );
-    sqlx::query_as(&statement)
-        .bind(scope)
-        .bind(key)
-        .fetch_optional(idem.pool())
+    idem.statements()
+        .query(&statement, &[scope.into(), key.into()])
+        .fetch_optional_as(idem.pool())
         .await?
         .ok_or_else(|| AdminError::UnknownKey {
             scope: scope.to_owned(),
@@ -255,10 +260,10 @@ impl KeyFilter {
          AND ($4::bigint IS NULL OR updated_at < now() - $4 * interval '1 millisecond')"
     }
 
-    fn statuses(&self) -> Vec<&'static str> {
+    fn statuses(&self) -> Vec<String> {
         self.statuses
             .iter()
-            .map(|status| status_text(*status))
+            .map(|status| status_text(*status).to_owned())
             .collect()
     }
 
@@ -332,15 +337,22 @@ pub async fn list_keys(
         idem.statements().table,
         filter.clause()
     );
-    Ok(sqlx::query_as(&statement)
-        .bind(&filter.scope)
-        .bind(filter.key)
-        .bind(filter.statuses())
-        .bind(filter.age_ms())
-        .bind(after.map(|cursor| cursor.scope.as_str()))
-        .bind(after.map(|cursor| cursor.key))
-        .bind(i64::from(limit))
-        .fetch_all(idem.pool())
+    let statuses = filter.statuses();
+    Ok(idem
+        .statements()
+        .query(
+            &statement,
+            &[
+                filter.scope.as_deref().into(),
+                filter.key.into(),
+                statuses.as_slice().into(),
+                filter.age_ms().into(),
+                after.map(|cursor| cursor.scope.as_str()).into(),
+                after.map(|cursor| cursor.key).into(),
+                i64::from(limit).into(),
+            ],
+        )
+        .fetch_all_as(idem.pool())
         .await?)
 }
 
@@ -401,13 +413,20 @@ async fn change(
         filter.clause()
     );
     let mut tx = idem.bounded_transaction().await?;
-    let keys: Vec<KeyRow> = sqlx::query_as(&statement)
-        .bind(&filter.scope)
-        .bind(filter.key)
-        .bind(filter.statuses())
-        .bind(filter.age_ms())
-        .bind(dry_run)
-        .fetch_all(&mut *tx)
+    let statuses = filter.statuses();
+    let keys: Vec<KeyRow> = idem
+        .statements()
+        .query(
+            &statement,
+            &[
+                filter.scope.as_deref().into(),
+                filter.key.into(),
+                statuses.as_slice().into(),
+                filter.age_ms().into(),
+                dry_run.into(),
+            ],
+        )
+        .fetch_all_as(&mut *tx)
         .await?;
     tx.commit().await?;
     if keys.is_empty()
@@ -523,29 +542,46 @@ pub struct Stats {
 /// lease in progress, the table's size and the retention windows handlers declare.
 pub async fn stats(idem: &Idem) -> Result<Stats, AdminError> {
     let table = &idem.statements().table;
-    let counts: Vec<(String, String, i64, DateTime<Utc>)> = sqlx::query_as(&format!(
-        "SELECT scope, status, count(*), min(updated_at) FROM {table} \
-         GROUP BY scope, status ORDER BY scope, status"
-    ))
-    .fetch_all(idem.pool())
-    .await?;
-    let oldest_lease: Option<OldestLease> = sqlx::query_as(&format!(
-        "SELECT scope, key, updated_at AS since, lease_expires_at AS expires_at, \
-                    coalesce(lease_expires_at <= now(), false) AS expired \
-             FROM {table} WHERE status = 'processing' ORDER BY updated_at LIMIT 1"
-    ))
-    .fetch_optional(idem.pool())
-    .await?;
-    let table_bytes: i64 = sqlx::query_scalar("SELECT pg_total_relation_size($1::regclass)")
-        .bind(table)
-        .fetch_one(idem.pool())
+    let statements = idem.statements();
+    let counts: Vec<(String, String, i64, DateTime<Utc>)> = statements
+        .query(
+            &format!(
+                "SELECT scope, status, count(*), min(updated_at) FROM {table} \
+                 GROUP BY scope, status ORDER BY scope, status"
+            ),
+            &[],
+        )
+        .fetch_all_as(idem.pool())
         .await?;
-    let windows: Vec<ScopeWindow> = sqlx::query_as(&format!(
-        "SELECT scope, retention_ms FROM {} WHERE retention_ms IS NOT NULL ORDER BY scope",
-        idem.statements().scopes_table
-    ))
-    .fetch_all(idem.pool())
-    .await?;
+    let oldest_lease: Option<OldestLease> = statements
+        .query(
+            &format!(
+                "SELECT scope, key, updated_at AS since, lease_expires_at AS expires_at, \
+                        coalesce(lease_expires_at <= now(), false) AS expired \
+                 FROM {table} WHERE status = 'processing' ORDER BY updated_at LIMIT 1"
+            ),
+            &[],
+        )
+        .fetch_optional_as(idem.pool())
+        .await?;
+    let table_bytes: i64 = statements
+        .query(
+            "SELECT pg_total_relation_size($1::regclass)",
+            &[table.into()],
+        )
+        .fetch_one(idem.pool())
+        .await?
+        .try_get(0)?;
+    let windows: Vec<ScopeWindow> = statements
+        .query(
+            &format!(
+                "SELECT scope, retention_ms FROM {} WHERE retention_ms IS NOT NULL ORDER BY scope",
+                statements.scopes_table
+            ),
+            &[],
+        )
+        .fetch_all_as(idem.pool())
+        .await?;
     let counts: Vec<StatusCount> = counts
         .into_iter()
         .map(|(scope, status, count, oldest)| StatusCount {

@@ -595,11 +595,17 @@ async fn claim<T, E, C: ResultCodec<T>>(
     let mut tx = idem.key_transaction().await?;
     // Only the keys in the way come back, as arrays in one row (an aggregate always
     // yields one): the happy path returns no row data but the transaction's id.
-    let row = sqlx::query(&idem.statements().batch_claim)
-        .bind(scope)
-        .bind(&keys)
-        .bind(&fingerprints)
-        .bind(body_lock_timeout)
+    let statements = idem.statements();
+    let row = statements
+        .query(
+            &statements.batch_claim,
+            &[
+                scope.into(),
+                keys.as_slice().into(),
+                fingerprints.as_slice().into(),
+                body_lock_timeout.into(),
+            ],
+        )
         .fetch_one(&mut *tx)
         .await?;
 
@@ -676,17 +682,25 @@ async fn claim<T, E, C: ResultCodec<T>>(
             .iter()
             .map(|&i| keyed(i).1.map(|f| f.to_vec()))
             .collect();
-        let retaken: Vec<(Uuid, i64)> = sqlx::query_as(&idem.statements().batch_retake)
-            .bind(scope)
-            .bind(&failed_keys)
-            .bind(&failed_fingerprints)
-            .fetch_all(&mut *tx)
+        let retaken: Vec<(Uuid, i64)> = statements
+            .query(
+                &statements.batch_retake,
+                &[
+                    scope.into(),
+                    failed_keys.as_slice().into(),
+                    failed_fingerprints.as_slice().into(),
+                ],
+            )
+            .fetch_all_as(&mut *tx)
             .await?;
         xid = xid.or(retaken.first().map(|&(_, xid)| xid));
         // The claim left the lock timeout bounded for this takeover: the body runs with
         // the session's own.
-        sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-            .bind(body_lock_timeout)
+        statements
+            .query(
+                "SELECT set_config('lock_timeout', $1, true)",
+                &[body_lock_timeout.into()],
+            )
             .execute(&mut *tx)
             .await?;
         if retaken.len() != failed.len() {
@@ -743,10 +757,16 @@ where
         values.push((index, value));
     }
     if !stored_keys.is_empty() {
-        sqlx::query(&idem.statements().batch_store_results)
-            .bind(spec.scope)
-            .bind(&stored_keys)
-            .bind(&stored_results)
+        let statements = idem.statements();
+        statements
+            .query(
+                &statements.batch_store_results,
+                &[
+                    spec.scope.into(),
+                    stored_keys.as_slice().into(),
+                    stored_results.as_slice().into(),
+                ],
+            )
             .execute(&mut *tx)
             .await?;
     }

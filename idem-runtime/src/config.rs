@@ -65,6 +65,26 @@ pub struct Config {
     pub(crate) transient_retries: u32,
     pub(crate) error_texts: ErrorTexts,
     pub(crate) retention: crate::retention::Retention,
+    pub(crate) pooler: Pooler,
+}
+
+/// What stands between the handle's pool and PostgreSQL: see
+/// [`IdemBuilder::pooler`](crate::IdemBuilder::pooler).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Pooler {
+    /// A direct connection, or a pooler in session pooling (PgBouncer's
+    /// `pool_mode = session`): each connection of the pool keeps one server session
+    /// while it lives (the default).
+    #[default]
+    Session,
+    /// A pooler in transaction pooling (PgBouncer's `pool_mode = transaction`, RDS Proxy,
+    /// Supavisor's transaction mode, pgcat): each transaction may run on another server
+    /// session. idem then prepares no statement (it sends simple queries), keeps nothing in
+    /// the session between transactions (its locks are transaction-scoped), and closes,
+    /// before a handler's transaction ends, the statements that sqlx prepared and cached in
+    /// it. Works with PgBouncer 1.18 and later, with or without `max_prepared_statements`.
+    Transaction,
 }
 
 /// What is stored of a failure in the status table's `last_error` (and shown to
@@ -90,6 +110,7 @@ impl Default for Config {
             transient_retries: 3,
             error_texts: ErrorTexts::Full,
             retention: crate::retention::Retention::default(),
+            pooler: Pooler::Session,
         }
     }
 }
@@ -125,5 +146,10 @@ impl Config {
     /// days; the cleanup only runs when called, see [`retention`](crate::retention)).
     pub fn retention(&self) -> &crate::retention::Retention {
         &self.retention
+    }
+
+    /// What stands between the pool and PostgreSQL (default: nothing, or a session pooler).
+    pub fn pooler(&self) -> Pooler {
+        self.pooler
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{MigrateError, Migrator};
-use sqlx::{Connection, Executor, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Row};
 
 use crate::config::{Config, ConfigError, Identifier};
 use crate::duplicate_rate::DuplicateRates;
@@ -153,9 +153,11 @@ impl Idem {
         self.inner
             .session_lock_timeout
             .get_or_try_init(|| async {
-                sqlx::query_scalar("SELECT current_setting('lock_timeout')")
+                self.statements()
+                    .query("SELECT current_setting('lock_timeout')", &[])
                     .fetch_one(self.pool())
-                    .await
+                    .await?
+                    .try_get(0)
             })
             .await
             .map(String::as_str)
@@ -167,7 +169,12 @@ impl Idem {
     pub(crate) async fn key_transaction(
         &self,
     ) -> Result<crate::transactional::KeyTransaction, sqlx::Error> {
-        crate::transactional::KeyTransaction::begin(self.pool(), &self.statements().begin).await
+        crate::transactional::KeyTransaction::begin(
+            self.pool(),
+            &self.statements().begin,
+            self.config().pooler() == crate::config::Pooler::Transaction,
+        )
+        .await
     }
 
     /// A short transaction of the runtime's own (recording a failure, a lease's steps)
@@ -208,31 +215,13 @@ impl Idem {
 
     /// Creates the schema if needed and applies the status table's migrations in it.
     ///
-    /// Safe to call from every consumer at start-up: migrations take an advisory lock and
-    /// are tracked in the schema's own `_sqlx_migrations` table, apart from the
-    /// application's migrations.
+    /// Safe to call from every consumer at start-up, directly or through a pooler in
+    /// session or transaction pooling: the migrations run in one transaction under a
+    /// transaction-scoped advisory lock and are tracked in the schema's own
+    /// `_sqlx_migrations` table, apart from the application's migrations (see
+    /// [`migrate_schema`](crate::store::migrate_schema)).
     pub async fn migrate(&self) -> Result<(), MigrateError> {
-        let schema = self.config().schema().as_str();
-        let options = self
-            .pool()
-            .connect_options()
-            .as_ref()
-            .clone()
-            .options([("search_path", schema)]);
-        let mut conn = PgConnection::connect_with(&options).await?;
-        let create = format!("CREATE SCHEMA IF NOT EXISTS {schema}");
-        if let Err(error) = conn.execute(create.as_str()).await {
-            // Two processes creating the schema at once: one of them loses the race.
-            let raced = error
-                .as_database_error()
-                .is_some_and(|db| matches!(db.code().as_deref(), Some("23505" | "42P06")));
-            if !raced {
-                return Err(error.into());
-            }
-        }
-        let applied = MIGRATOR.run_direct(&mut conn).await;
-        conn.close().await?;
-        applied
+        crate::store::migrate_schema(self.pool(), self.config().schema(), &MIGRATOR).await
     }
 
     /// The status table's row for `key` in `scope`, if any.
@@ -333,8 +322,9 @@ impl Idem {
     /// that declares its handler was renamed: the next handler that runs with the scope
     /// records its own crate. The scope's keys stay. Returns whether an owner was recorded.
     pub async fn release_scope(&self, scope: &str) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(&self.statements().release_scope)
-            .bind(scope)
+        let statements = self.statements();
+        let done = statements
+            .query(&statements.release_scope, &[scope.into()])
             .execute(self.pool())
             .await?;
         Ok(done.rows_affected() == 1)
@@ -391,6 +381,30 @@ impl IdemBuilder {
     /// [`Idem::spawn_retention`] for a background task; see [`retention`](crate::retention).
     pub fn retention(mut self, retention: crate::retention::Retention) -> Self {
         self.config.retention = retention;
+        self
+    }
+
+    /// What stands between the pool and PostgreSQL (default [`Pooler::Session`]: a direct
+    /// connection, or a pooler in session pooling). Behind a pooler in transaction
+    /// pooling (PgBouncer's `pool_mode = transaction`), say [`Pooler::Transaction`]: idem
+    /// then prepares no statement of its own and keeps nothing in a session between
+    /// transactions. See the README's "Connection poolers" for the pool's settings and
+    /// what a handler's own statements need there.
+    ///
+    /// ```no_run
+    /// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
+    /// use idem_runtime::{Idem, Pooler};
+    /// // PgBouncer in transaction pooling, on port 6432.
+    /// let pool = sqlx::PgPool::connect("postgres://app@pgbouncer:6432/app").await?;
+    /// let idem = Idem::builder(pool).pooler(Pooler::Transaction).build()?;
+    /// idem.migrate().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// [`Pooler::Session`]: crate::Pooler::Session
+    /// [`Pooler::Transaction`]: crate::Pooler::Transaction
+    pub fn pooler(mut self, pooler: crate::config::Pooler) -> Self {
+        self.config.pooler = pooler;
         self
     }
 

@@ -11,7 +11,7 @@
 use std::ops::{Deref, DerefMut};
 
 use sqlx::pool::PoolConnection;
-use sqlx::{Executor, PgConnection, PgPool, Postgres};
+use sqlx::{Connection, Executor, PgConnection, PgPool, Postgres};
 
 /// The open transaction that holds a delivery's claimed key, handed to the body of a
 /// transactional handler (see [`transactional::run`](crate::transactional::run())). It
@@ -34,6 +34,9 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres};
 pub struct KeyTransaction {
     /// `None` once the transaction has ended and the connection went back to the pool.
     connection: Option<PoolConnection<Postgres>>,
+    /// Behind a transaction pooler: the statements that sqlx prepared and cached on the
+    /// connection are closed before the transaction ends (see [`close_cached_statements`]).
+    pooled: bool,
 }
 
 impl KeyTransaction {
@@ -42,11 +45,22 @@ impl KeyTransaction {
     ///
     /// Cancel-safe: dropped while `begin` is in flight, the transaction it opens is rolled
     /// back before the connection is reused.
-    pub(crate) async fn begin(pool: &PgPool, begin: &str) -> Result<Self, sqlx::Error> {
+    /// `pooled`: the pool reaches PostgreSQL through a transaction pooler.
+    pub(crate) async fn begin(
+        pool: &PgPool,
+        begin: &str,
+        pooled: bool,
+    ) -> Result<Self, sqlx::Error> {
         let connection = pool.acquire().await?;
         let mut transaction = KeyTransaction {
             connection: Some(connection),
+            pooled,
         };
+        if pooled {
+            // Statements cached by the pool's other users name nothing on the server
+            // connection that this transaction gets.
+            close_cached_statements(transaction.connection()).await?;
+        }
         transaction.execute(begin).await?;
         Ok(transaction)
     }
@@ -55,6 +69,12 @@ impl KeyTransaction {
     /// connection back to the pool. On an error the transaction is rolled back, unless
     /// the server reports that none is open any more.
     pub(crate) async fn commit(mut self, statements: &str) -> Result<(), sqlx::Error> {
+        if self.pooled
+            && let Err(error) = close_cached_statements(self.connection()).await
+        {
+            let _ = self.end("ROLLBACK").await;
+            return Err(error);
+        }
         match self.execute(statements).await {
             Ok(_) => {
                 self.release();
@@ -78,7 +98,11 @@ impl KeyTransaction {
     }
 
     async fn end(&mut self, statement: &str) -> Result<(), sqlx::Error> {
-        match self.execute(statement).await {
+        let closed = match self.pooled {
+            true => close_cached_statements(self.connection()).await,
+            false => Ok(()),
+        };
+        match closed.and(self.execute(statement).await.map(drop)) {
             Ok(_) => {
                 self.release();
                 Ok(())
@@ -132,12 +156,17 @@ impl Drop for KeyTransaction {
         let Some(mut connection) = self.connection.take() else {
             return;
         };
+        let pooled = self.pooled;
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
                     // Waits for whatever the dropped delivery left in flight, then ends
                     // the transaction; a connection that cannot is closed.
-                    if connection.execute("ROLLBACK").await.is_err() {
+                    let closed = match pooled {
+                        true => close_cached_statements(&mut connection).await,
+                        false => Ok(()),
+                    };
+                    if closed.is_err() || connection.execute("ROLLBACK").await.is_err() {
                         connection.close_on_drop();
                     }
                 });
@@ -153,6 +182,30 @@ impl std::fmt::Debug for KeyTransaction {
             .field("open", &self.connection.is_some())
             .finish()
     }
+}
+
+/// Closes the statements that sqlx prepared and cached on `connection`, if any.
+///
+/// Behind a transaction pooler, a prepared statement stays on the server connection that
+/// the transaction ran on, and the next transaction of this client may run on another: a
+/// statement that sqlx would take from its cache there is missing, or is another client's
+/// of the same name. Closed while the transaction still holds its server connection, they
+/// leave nothing behind (PostgreSQL accepts `Close` in an aborted transaction too). A
+/// handler whose queries are not prepared for reuse (`.persistent(false)`) caches nothing,
+/// and this costs nothing; otherwise one round trip, of which a warning tells once.
+async fn close_cached_statements(connection: &mut PgConnection) -> Result<(), sqlx::Error> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if connection.cached_statements_size() == 0 {
+        return Ok(());
+    }
+    if !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            statements = connection.cached_statements_size(),
+            "idem: behind a transaction pooler, the statements that sqlx caches on a connection are closed before each handler transaction ends (a round trip per message); write the handler's queries with `.persistent(false)` to save it"
+        );
+    }
+    connection.clear_cached_statements().await
 }
 
 /// Whether the server refused a statement because no transaction is open (SQLSTATE

@@ -218,7 +218,7 @@ pub mod telemetry;
 pub mod testing;
 pub mod transactional;
 
-pub use config::{Config, ConfigError, ErrorTexts};
+pub use config::{Config, ConfigError, ErrorTexts, Pooler};
 pub use handle::{Idem, IdemBuilder, MIGRATOR};
 pub use idem_macros::{KeyPart, idempotent};
 pub use key::{IdempotencyKey, KeyError};

@@ -97,9 +97,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sqlx::pool::PoolConnection;
-use sqlx::{Connection, Postgres};
+use sqlx::{Connection, Postgres, Row};
 
 use crate::Idem;
+use crate::config::Pooler;
 
 /// The default window: 7 days.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -305,12 +306,24 @@ fn timed_out(error: &sqlx::Error) -> bool {
 pub(crate) async fn purge(idem: &Idem, retention: &Retention) -> Result<PurgeReport, sqlx::Error> {
     let started = Instant::now();
     let mut report = PurgeReport::default();
+    let statements = idem.statements();
     let mut conn = idem.pool().acquire().await?;
     let lock = lock_name(idem.config().schema().as_str());
-    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
-        .bind(&lock)
+    if idem.config().pooler() == Pooler::Transaction {
+        // No session outlives a transaction behind a transaction pooler: each batch takes
+        // the lock for its own transaction, and a cleaner that finds it taken stops.
+        run_batches(idem, retention, &mut conn, Some(&lock), &mut report).await?;
+        report.elapsed_ms = elapsed_ms(started);
+        return Ok(report);
+    }
+    let locked: bool = statements
+        .query(
+            "SELECT pg_try_advisory_lock(hashtextextended($1, 0))",
+            &[lock.as_str().into()],
+        )
         .fetch_one(&mut *conn)
-        .await?;
+        .await?
+        .try_get(0)?;
     if !locked {
         report.locked_out = true;
         report.elapsed_ms = elapsed_ms(started);
@@ -319,10 +332,13 @@ pub(crate) async fn purge(idem: &Idem, retention: &Retention) -> Result<PurgeRep
     // The lock belongs to the session: however this run ends (an error, a dropped
     // future), the connection is closed rather than returned to the pool with it.
     conn.close_on_drop();
-    let result = run_batches(idem, retention, &mut conn, &mut report).await;
+    let result = run_batches(idem, retention, &mut conn, None, &mut report).await;
     if result.is_ok() {
-        sqlx::query("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
-            .bind(&lock)
+        statements
+            .query(
+                "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
+                &[lock.as_str().into()],
+            )
             .execute(&mut *conn)
             .await?;
     }
@@ -335,6 +351,7 @@ async fn run_batches(
     idem: &Idem,
     retention: &Retention,
     conn: &mut PoolConnection<Postgres>,
+    batch_lock: Option<&str>,
     report: &mut PurgeReport,
 ) -> Result<(), sqlx::Error> {
     let statements = idem.statements();
@@ -353,12 +370,32 @@ async fn run_batches(
             return Ok(());
         }
         let mut tx = conn.begin_with(begin.clone()).await?;
-        let rows: Result<Vec<(String, i64)>, sqlx::Error> = sqlx::query_as(&statement)
-            .bind(window)
-            .bind(&scopes)
-            .bind(&windows)
-            .bind(i64::from(batch_size))
-            .fetch_all(&mut *tx)
+        if let Some(lock) = batch_lock {
+            let locked: bool = statements
+                .query(
+                    "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))",
+                    &[lock.into()],
+                )
+                .fetch_one(&mut *tx)
+                .await?
+                .try_get(0)?;
+            if !locked {
+                tx.rollback().await?;
+                report.locked_out = report.batches == 0;
+                return Ok(());
+            }
+        }
+        let rows: Result<Vec<(String, i64)>, sqlx::Error> = statements
+            .query(
+                &statement,
+                &[
+                    window.into(),
+                    scopes.as_slice().into(),
+                    windows.as_slice().into(),
+                    i64::from(batch_size).into(),
+                ],
+            )
+            .fetch_all_as(&mut *tx)
             .await;
         let rows = match rows {
             Ok(rows) => rows,
@@ -403,15 +440,19 @@ pub(crate) async fn dry_run(
 ) -> Result<PurgeReport, sqlx::Error> {
     let started = Instant::now();
     let (window, scopes, windows) = windows(retention);
-    let rows: Vec<(String, i64)> = sqlx::query_as(&count_statement(
-        &idem.statements().table,
-        &idem.statements().scopes_table,
-    ))
-    .bind(window)
-    .bind(&scopes)
-    .bind(&windows)
-    .fetch_all(idem.pool())
-    .await?;
+    let statements = idem.statements();
+    let statement = count_statement(&statements.table, &statements.scopes_table);
+    let rows: Vec<(String, i64)> = statements
+        .query(
+            &statement,
+            &[
+                window.into(),
+                scopes.as_slice().into(),
+                windows.as_slice().into(),
+            ],
+        )
+        .fetch_all_as(idem.pool())
+        .await?;
     let mut report = PurgeReport {
         dry_run: true,
         finished: true,

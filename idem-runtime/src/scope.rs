@@ -196,12 +196,17 @@ async fn record(
     // A registration committed while this one waited is not in this statement's
     // snapshot: the second try sees it.
     for _ in 0..2 {
-        let row: Option<Recorded> = sqlx::query_as(&statements.register_scope)
-            .bind(scope)
-            .bind(crate_name)
-            .bind(handler)
-            .bind(retention)
-            .fetch_optional(pool)
+        let row: Option<Recorded> = statements
+            .query(
+                &statements.register_scope,
+                &[
+                    scope.into(),
+                    crate_name.into(),
+                    handler.into(),
+                    retention.into(),
+                ],
+            )
+            .fetch_optional_as(pool)
             .await
             .map_err(Error::Database)?;
         let Some((recorded, recorded_handler, shared, recorded_retention)) = row else {
@@ -245,9 +250,11 @@ async fn record(
             // The handler's window changed (or a handler sharing the scope declares
             // another): the last handler to start records its own. A role without the
             // privilege (grants older than `retention_ms`) still handles its messages.
-            let updated = sqlx::query(&statements.record_scope_retention)
-                .bind(scope)
-                .bind(retention)
+            let updated = statements
+                .query(
+                    &statements.record_scope_retention,
+                    &[scope.into(), retention.into()],
+                )
                 .execute(pool)
                 .await;
             if let Err(error) = updated {

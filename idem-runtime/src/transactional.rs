@@ -438,7 +438,9 @@ pub(crate) fn decide<T, E, C: ResultCodec<T>>(
 /// store, a statement timeout), a serialization failure or deadlock that persisted through
 /// the retries, or the handler's own error. Not: a lost or killed connection, a server
 /// shutting down or out of resources, a lock timeout, a pool or I/O error (SQLSTATE
-/// classes 08, 53, 57 but 57014, 58, and 55P03), which say nothing about the message.
+/// classes 08, 53, 57 but 57014, 58, and 55P03), nor a prepared statement that the
+/// session does not have or already has (26000, 42P05: a pooler that gave the session's
+/// transaction to another server connection), which say nothing about the message.
 pub(crate) fn counts_as_attempt(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Database(db) => {
@@ -447,7 +449,7 @@ pub(crate) fn counts_as_attempt(error: &sqlx::Error) -> bool {
             let class = code.get(..2).unwrap_or("");
             !(matches!(class, "08" | "53" | "58" | "")
                 || (class == "57" && code != "57014")
-                || code == "55P03")
+                || matches!(code, "55P03" | "26000" | "42P05"))
         }
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)

@@ -221,10 +221,12 @@ impl Cache {
     /// delivery) while it cannot be read.
     pub(super) async fn instance(&self, idem: &crate::Idem) -> Option<&Instance> {
         let read = self.instance.get_or_try_init(|| async {
-            let (identity, stored_secret): (String, Vec<u8>) =
-                sqlx::query_as(&idem.statements().instance)
-                    .fetch_one(idem.pool())
-                    .await?;
+            let statements = idem.statements();
+            let row = statements
+                .query(&statements.instance, &[])
+                .fetch_one(idem.pool())
+                .await?;
+            let (identity, stored_secret): (String, Vec<u8>) = sqlx::FromRow::from_row(&row)?;
             let secret = self.settings.secret.clone().unwrap_or(stored_secret);
             Ok::<_, sqlx::Error>(Instance::new(identity, secret))
         });

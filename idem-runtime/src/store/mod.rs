@@ -7,8 +7,15 @@ use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, Row};
 use uuid::Uuid;
 
-use crate::config::Config;
+use crate::config::{Config, Pooler};
 use crate::key::IdempotencyKey;
+
+mod migrate;
+mod sql;
+
+pub use migrate::migrate_schema;
+
+pub(crate) use sql::{Protocol, Query, Value};
 
 /// The status of a key in the status table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +141,11 @@ fn failure_recorded(row: &PgRow) -> Result<(u32, bool), sqlx::Error> {
     Ok((attempts, parked))
 }
 
+/// `max_attempts` as the `integer` the statements compare attempts with.
+fn attempts_value(max_attempts: u32) -> Value<'static> {
+    Value::Int4(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+}
+
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
@@ -141,6 +153,8 @@ fn millis(duration: Duration) -> i64 {
 /// The SQL of one configured status table, built once per runtime handle.
 #[derive(Debug)]
 pub(crate) struct Statements {
+    /// How the statements travel: prepared, or inlined behind a transaction pooler.
+    pub protocol: Protocol,
     pub begin: String,
     /// The commit's check: fails in an aborted transaction (SQLSTATE 25P02) and outside a
     /// transaction block (25P01), and needs neither a plan nor a snapshot.
@@ -203,6 +217,10 @@ impl Statements {
         // it costs no plan, no snapshot and no write; `COMMIT` ends it with the rest.
         let check = "SAVEPOINT idem_commit_check".to_owned();
         Statements {
+            protocol: match config.pooler {
+                Pooler::Session => Protocol::Prepared,
+                Pooler::Transaction => Protocol::Inline,
+            },
             commit_only: format!("{check}; COMMIT"),
             check,
             // One round trip: open the transaction and bound its lock waits: the claim's
@@ -373,6 +391,11 @@ impl Statements {
         }
     }
 
+    /// `sql` with `values` for its parameters, as this handle sends statements.
+    pub fn query<'q>(&self, sql: &'q str, values: &[Value<'_>]) -> Query<'q> {
+        self.protocol.query(sql, values)
+    }
+
     /// Claims `key` in the caller's transaction: inserts it, or answers
     /// [`Claim::Again`] when a row is in the way. A claim that wins sets the lock timeout
     /// to `body_lock_timeout` for the body.
@@ -400,11 +423,16 @@ impl Statements {
         conn: &mut PgConnection,
         key: ClaimedKey<'_>,
     ) -> Result<Claim, sqlx::Error> {
-        let row = sqlx::query(statement)
-            .bind(key.scope)
-            .bind(key.key)
-            .bind(key.fingerprint)
-            .bind(key.body_lock_timeout)
+        let row = self
+            .query(
+                statement,
+                &[
+                    key.scope.into(),
+                    key.key.into(),
+                    key.fingerprint.into(),
+                    key.body_lock_timeout.into(),
+                ],
+            )
             .fetch_optional(conn)
             .await?;
         let Some(row) = row else {
@@ -423,9 +451,8 @@ impl Statements {
         scope: &str,
         key: Uuid,
     ) -> Result<Option<Existing>, sqlx::Error> {
-        let row = sqlx::query(&self.read)
-            .bind(scope)
-            .bind(key)
+        let row = self
+            .query(&self.read, &[scope.into(), key.into()])
             .fetch_optional(conn)
             .await?;
         row.as_ref().map(existing).transpose()
@@ -473,12 +500,17 @@ impl Statements {
         error: &str,
         max_attempts: u32,
     ) -> Result<Option<(u32, bool)>, sqlx::Error> {
-        let row = sqlx::query(&self.record_failure)
-            .bind(scope)
-            .bind(key)
-            .bind(fingerprint)
-            .bind(error)
-            .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+        let row = self
+            .query(
+                &self.record_failure,
+                &[
+                    scope.into(),
+                    key.into(),
+                    fingerprint.into(),
+                    error.into(),
+                    attempts_value(max_attempts),
+                ],
+            )
             .fetch_optional(conn)
             .await?;
         row.as_ref().map(failure_recorded).transpose()
@@ -493,11 +525,12 @@ impl Statements {
         xid: i64,
         error: &str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(&self.park_committed)
-            .bind(scope)
-            .bind(key)
-            .bind(xid.to_string())
-            .bind(error)
+        let xid = xid.to_string();
+        let done = self
+            .query(
+                &self.park_committed,
+                &[scope.into(), key.into(), xid.as_str().into(), error.into()],
+            )
             .execute(conn)
             .await?;
         Ok(done.rows_affected() > 0)
@@ -509,10 +542,8 @@ impl Statements {
         scope: &str,
         key: Uuid,
     ) -> Result<Option<KeyRecord>, sqlx::Error> {
-        sqlx::query_as(&self.record)
-            .bind(scope)
-            .bind(key)
-            .fetch_optional(conn)
+        self.query(&self.record, &[scope.into(), key.into()])
+            .fetch_optional_as(conn)
             .await
     }
 
@@ -523,12 +554,15 @@ impl Statements {
         keys: &[Uuid],
         fingerprints: &[Option<Vec<u8>>],
     ) -> Result<Vec<bool>, sqlx::Error> {
-        sqlx::query_scalar(&self.done)
-            .bind(scope)
-            .bind(keys)
-            .bind(fingerprints)
-            .fetch_all(conn)
-            .await
+        self.query(
+            &self.done,
+            &[scope.into(), keys.into(), fingerprints.into()],
+        )
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(|row| row.try_get(0))
+        .collect()
     }
 
     pub async fn reset(
@@ -537,9 +571,8 @@ impl Statements {
         scope: &str,
         key: Uuid,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(&self.reset)
-            .bind(scope)
-            .bind(key)
+        let done = self
+            .query(&self.reset, &[scope.into(), key.into()])
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -553,9 +586,8 @@ impl Statements {
         scope: &str,
         key: Uuid,
     ) -> Result<Option<Existing>, sqlx::Error> {
-        let Some(row) = sqlx::query(&self.read_lease)
-            .bind(scope)
-            .bind(key)
+        let Some(row) = self
+            .query(&self.read_lease, &[scope.into(), key.into()])
             .fetch_optional(conn)
             .await?
         else {
@@ -582,22 +614,26 @@ impl Statements {
         lease: Duration,
         max_attempts: u32,
     ) -> Result<LeaseClaim, sqlx::Error> {
-        let won = sqlx::query(&self.claim_lease)
-            .bind(scope)
-            .bind(key)
-            .bind(fingerprint)
-            .bind(token)
-            .bind(millis(lease))
-            .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+        let won = self
+            .query(
+                &self.claim_lease,
+                &[
+                    scope.into(),
+                    key.into(),
+                    fingerprint.into(),
+                    token.into(),
+                    millis(lease).into(),
+                    attempts_value(max_attempts),
+                ],
+            )
             .fetch_optional(&mut *conn)
             .await?;
         if let Some(row) = won {
             let attempt = u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0);
             return Ok(LeaseClaim::Won { attempt });
         }
-        let Some(row) = sqlx::query(&self.read_lease)
-            .bind(scope)
-            .bind(key)
+        let Some(row) = self
+            .query(&self.read_lease, &[scope.into(), key.into()])
             .fetch_optional(&mut *conn)
             .await?
         else {
@@ -616,10 +652,11 @@ impl Statements {
         let mut existing = existing(&row)?;
         if existing.status == Status::Processing && row.try_get::<bool, _>("expired")? {
             // Expired, and not reclaimed above: park it if it used up its attempts.
-            if let Some(row) = sqlx::query(&self.park_expired)
-                .bind(scope)
-                .bind(key)
-                .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+            if let Some(row) = self
+                .query(
+                    &self.park_expired,
+                    &[scope.into(), key.into(), attempts_value(max_attempts)],
+                )
                 .fetch_optional(conn)
                 .await?
             {
@@ -640,11 +677,11 @@ impl Statements {
         token: Uuid,
         lease: Duration,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(&self.extend_lease)
-            .bind(scope)
-            .bind(key)
-            .bind(token)
-            .bind(millis(lease))
+        let done = self
+            .query(
+                &self.extend_lease,
+                &[scope.into(), key.into(), token.into(), millis(lease).into()],
+            )
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -659,11 +696,17 @@ impl Statements {
         token: Uuid,
         result: Option<&serde_json::Value>,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(&self.complete_lease)
-            .bind(scope)
-            .bind(key)
-            .bind(token)
-            .bind(result.map(serde_json::Value::to_string))
+        let result = result.map(serde_json::Value::to_string);
+        let done = self
+            .query(
+                &self.complete_lease,
+                &[
+                    scope.into(),
+                    key.into(),
+                    token.into(),
+                    result.as_deref().into(),
+                ],
+            )
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
@@ -680,12 +723,17 @@ impl Statements {
         error: &str,
         max_attempts: u32,
     ) -> Result<Option<(u32, bool)>, sqlx::Error> {
-        let row = sqlx::query(&self.fail_lease)
-            .bind(scope)
-            .bind(key)
-            .bind(token)
-            .bind(error)
-            .bind(i32::try_from(max_attempts).unwrap_or(i32::MAX))
+        let row = self
+            .query(
+                &self.fail_lease,
+                &[
+                    scope.into(),
+                    key.into(),
+                    token.into(),
+                    error.into(),
+                    attempts_value(max_attempts),
+                ],
+            )
             .fetch_optional(conn)
             .await?;
         row.as_ref().map(failure_recorded).transpose()

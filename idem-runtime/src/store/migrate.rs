@@ -1,0 +1,153 @@
+//! Applying a set of migrations in a schema of their own, in one transaction.
+//!
+//! Through a transaction pooler a session keeps nothing between transactions: neither a
+//! `search_path` set for it, nor a session-level advisory lock, nor a prepared statement.
+//! So the whole run is one transaction: a transaction-scoped advisory lock (the one
+//! sqlx's migrator takes for the database, so that a migrator of either kind waits for
+//! the other), the schema, `SET LOCAL search_path`, sqlx's bookkeeping table
+//! `_sqlx_migrations` in that schema, and each pending migration (sqlx's `Migrate::apply`,
+//! which nests its own transaction as a savepoint). No startup parameter is needed, which
+//! PgBouncer would refuse (`options`).
+
+use std::collections::HashMap;
+
+use sqlx::migrate::{Migrate, MigrateError, Migrator};
+use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
+
+use crate::config::Identifier;
+
+/// Creates `schema` if needed and applies `migrator`'s migrations in it, in one
+/// transaction, tracked in the schema's own `_sqlx_migrations` table (the table sqlx's
+/// migrator writes, so `sqlx migrate` and earlier versions of idem read the same state).
+///
+/// Safe to call from every process at once, directly or through a pooler in session or
+/// transaction pooling: the callers are serialized by a transaction-scoped advisory lock,
+/// and those that find everything applied do nothing. The migrations run in the one
+/// transaction: a migration marked `-- no-transaction` is not supported.
+///
+/// This is what [`Idem::migrate`](crate::Idem::migrate) does for the status table; other
+/// crates built on idem (idem-kafka) apply their own tables' migrations with it.
+///
+/// ```no_run
+/// # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use idem_runtime::config::Identifier;
+/// static APP: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+/// idem_runtime::store::migrate_schema(&pool, &Identifier::new("app_events")?, &APP).await?;
+/// # Ok(()) }
+/// ```
+pub async fn migrate_schema(
+    pool: &PgPool,
+    schema: &Identifier,
+    migrator: &Migrator,
+) -> Result<(), MigrateError> {
+    let mut conn = pool.acquire().await?;
+    // A migrator of an earlier idem creates the schema before it takes its lock: when the
+    // two race, one of them sees the other's schema appear under it, and tries again.
+    let mut tries = 3;
+    loop {
+        tries -= 1;
+        match migrate_in_transaction(&mut conn, schema, migrator).await {
+            Err(error) if tries > 0 && schema_raced(&error) => continue,
+            result => return result,
+        }
+    }
+}
+
+async fn migrate_in_transaction(
+    conn: &mut PgConnection,
+    schema: &Identifier,
+    migrator: &Migrator,
+) -> Result<(), MigrateError> {
+    let mut tx = conn.begin().await?;
+    let applied = apply(&mut tx, schema, migrator).await;
+    // sqlx prepares and caches the bookkeeping's statements: closed here, inside the
+    // transaction, so that none outlives it on a pooler's server connection.
+    tx.clear_cached_statements().await?;
+    match applied {
+        Ok(()) => Ok(tx.commit().await?),
+        Err(error) => {
+            tx.rollback().await?;
+            Err(error)
+        }
+    }
+}
+
+async fn apply(
+    conn: &mut PgConnection,
+    schema: &Identifier,
+    migrator: &Migrator,
+) -> Result<(), MigrateError> {
+    let database: String = conn
+        .fetch_one("SELECT current_database()")
+        .await?
+        .try_get(0)?;
+    conn.execute(
+        format!(
+            "SELECT pg_advisory_xact_lock({}); \
+             CREATE SCHEMA IF NOT EXISTS {schema}; \
+             SET LOCAL search_path TO {schema}",
+            lock_id(&database)
+        )
+        .as_str(),
+    )
+    .await?;
+    conn.ensure_migrations_table().await?;
+    if let Some(version) = conn.dirty_version().await? {
+        return Err(MigrateError::Dirty(version));
+    }
+    let applied: HashMap<i64, _> = conn
+        .list_applied_migrations()
+        .await?
+        .into_iter()
+        .map(|migration| (migration.version, migration.checksum))
+        .collect();
+    let known = |version: i64| {
+        migrator
+            .iter()
+            .any(|m| m.version == version && !m.migration_type.is_down_migration())
+    };
+    if !migrator.ignore_missing
+        && let Some(&version) = applied.keys().filter(|&&v| !known(v)).min()
+    {
+        return Err(MigrateError::VersionMissing(version));
+    }
+    for migration in migrator.iter() {
+        if migration.migration_type.is_down_migration() {
+            continue;
+        }
+        match applied.get(&migration.version) {
+            Some(checksum) if *checksum != migration.checksum => {
+                return Err(MigrateError::VersionMismatch(migration.version));
+            }
+            Some(_) => {}
+            None => {
+                conn.apply(migration).await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The advisory lock of sqlx's migrator for `database` (`Migrate::lock` of sqlx 0.8:
+/// `0x3d32ad9e` times the CRC-32 of the database's name).
+fn lock_id(database: &str) -> i64 {
+    const CRC: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISO_HDLC);
+    0x3d32ad9e * i64::from(CRC.checksum(database.as_bytes()))
+}
+
+/// Two processes created the schema at once, and this one lost.
+fn schema_raced(error: &MigrateError) -> bool {
+    let MigrateError::Execute(sqlx::Error::Database(db)) = error else {
+        return false;
+    };
+    matches!(db.code().as_deref(), Some("23505" | "42P06"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_lock_is_the_one_sqlx_takes() {
+        // sqlx 0.8's `generate_lock_id("postgres")`.
+        assert_eq!(super::lock_id("postgres"), 0x3d32ad9e * 0x156a_8775_i64);
+    }
+}
