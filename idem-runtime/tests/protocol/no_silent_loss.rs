@@ -624,10 +624,55 @@ async fn decline(_tx: &mut PgConnection, message: &Declining) -> Result<(), Decl
     Err(Declined)
 }
 
+/// Holds back, while closed, every connection a pool hands out (idle or new).
+#[derive(Clone)]
+struct Gate(std::sync::Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Gate {
+    fn open() -> Self {
+        Gate(std::sync::Arc::new(tokio::sync::watch::Sender::new(true)))
+    }
+
+    fn close(&self) {
+        self.0.send_replace(false);
+    }
+
+    fn reopen(&self) {
+        self.0.send_replace(true);
+    }
+
+    async fn pass(&self) {
+        let mut open = self.0.subscribe();
+        open.wait_for(|open| *open).await.expect("the gate lives");
+    }
+
+    /// `options` with every connection held at the gate before it is handed out.
+    fn guard(&self, options: PgPoolOptions) -> PgPoolOptions {
+        let (new, idle) = (self.clone(), self.clone());
+        options
+            .after_connect(move |_, _| {
+                let gate = new.clone();
+                Box::pin(async move {
+                    gate.pass().await;
+                    Ok(())
+                })
+            })
+            .before_acquire(move |_, _| {
+                let gate = idle.clone();
+                Box::pin(async move {
+                    gate.pass().await;
+                    Ok(true)
+                })
+            })
+    }
+}
+
 #[sqlx::test(migrations = false)]
 async fn recording_a_failure_behind_a_locked_row_waits_at_most_the_lock_timeout(pool: PgPool) {
     // Sessions that would wait forever on their own.
-    let unbounded = PgPoolOptions::new()
+    let gate = Gate::open();
+    let unbounded = gate
+        .guard(PgPoolOptions::new())
         .connect_with(
             pool.connect_options()
                 .as_ref()
@@ -673,8 +718,7 @@ async fn recording_a_failure_behind_a_locked_row_waits_at_most_the_lock_timeout(
             other
         }
     });
-    // The body fails only once the other session waits for the row's lock, so that the
-    // rollback hands the lock to it before the failure can be recorded.
+    // The body fails only once the other session waits for the row's lock.
     while sqlx::query_scalar::<_, i64>(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
          AND wait_event_type = 'Lock' AND query LIKE '%FOR UPDATE%'",
@@ -686,8 +730,14 @@ async fn recording_a_failure_behind_a_locked_row_waits_at_most_the_lock_timeout(
     {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // The rollback does not hand the lock over: it wakes the other session, which takes
+    // the row once it runs, and a recording that reaches the row before it finds the row
+    // free and takes it first (PostgreSQL queues only those that find a row locked). The
+    // recording gets its connection only once the other session holds the row's lock.
+    gate.close();
     running.release();
     let other = queued.await.unwrap();
+    gate.reopen();
     let started = Instant::now();
     let error = delivery.await.unwrap().unwrap_err();
     assert!(
