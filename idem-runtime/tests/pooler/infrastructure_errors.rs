@@ -1,0 +1,107 @@
+//! Failures that are the connection's, the pooler's or the server's count no attempt,
+//! whatever the handler's error type makes of them: a good message whose first
+//! deliveries meet a missing prepared statement (26000), a duplicate one (42P05), and its
+//! own backend killed (57P01, or the pooler's report of its lost server connection)
+//! executes at the next delivery, with no attempt recorded before it; with
+//! `max_attempts = 2` it would be parked at the second failure if they counted.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idem_runtime::key::KeyBuilder;
+use idem_runtime::store::Status;
+use idem_runtime::{Error, Outcome, idempotent};
+use sqlx::PgConnection;
+
+use crate::route::{Database, Route};
+
+/// The statements the body runs before its effect, one per delivery: each fails for a
+/// reason that is not the message's.
+const FAULTS: [&str; 4] = [
+    "EXECUTE idem_test_no_such_statement",
+    "PREPARE idem_test_twice AS SELECT 1; PREPARE idem_test_twice AS SELECT 1",
+    "SELECT pg_terminate_backend(pg_backend_pid())",
+    "EXECUTE idem_test_no_such_statement",
+];
+
+pub struct Payment {
+    pub payment_id: String,
+    pub deliveries: AtomicUsize,
+}
+
+/// The handler's own error type, which keeps the database error as its source.
+#[derive(Debug, thiserror::Error)]
+pub enum PaymentError {
+    #[error("the payment could not be stored")]
+    Store(#[source] sqlx::Error),
+}
+
+#[idempotent(key = "payment_id", scope = "infra_pay", max_attempts = 2)]
+async fn pay(tx: &mut PgConnection, payment: &Payment) -> Result<(), PaymentError> {
+    let delivery = payment.deliveries.fetch_add(1, Ordering::SeqCst);
+    if let Some(fault) = FAULTS.get(delivery) {
+        sqlx::raw_sql(fault)
+            .execute(&mut *tx)
+            .await
+            .map_err(PaymentError::Store)?;
+    }
+    sqlx::query("INSERT INTO infra_payments (payment_id) VALUES ($1)")
+        .bind(&payment.payment_id)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await
+        .map_err(PaymentError::Store)?;
+    Ok(())
+}
+
+pub async fn run(route: Route) {
+    let database = Database::create(route, "infra").await;
+    sqlx::query("CREATE TABLE infra_payments (payment_id text NOT NULL)")
+        .execute(&database.direct)
+        .await
+        .unwrap();
+    let idem = route.idem(&database.name, 4).await;
+    idem.migrate().await.unwrap();
+    let payment = Payment {
+        payment_id: "p-1".into(),
+        deliveries: AtomicUsize::new(0),
+    };
+    let key = KeyBuilder::new()
+        .part("payment_id", "p-1")
+        .unwrap()
+        .finish();
+    for fault in FAULTS {
+        match pay(&idem, &payment).await {
+            Err(Error::Handler {
+                attempts: 0,
+                parked: false,
+                source,
+            }) => {
+                // The handler's error, as it wrote it, keeps the database's.
+                let PaymentError::Store(cause) = source;
+                eprintln!("{}: {fault}: {cause}", route.name());
+            }
+            // A lost connection met by idem's own statements rather than the body's.
+            Err(Error::Database(cause)) => eprintln!("{}: {fault}: {cause}", route.name()),
+            other => panic!("{fault} through {}: {other:?}", route.name()),
+        }
+        let record = idem.record("infra_pay", key).await.unwrap();
+        assert!(
+            record
+                .as_ref()
+                .is_none_or(|record| record.attempts == 0 && record.status != Status::Parked),
+            "{fault} through {} counted against the message: {record:?}",
+            route.name()
+        );
+    }
+    assert!(matches!(
+        pay(&idem, &payment).await,
+        Ok(Outcome::Executed(()))
+    ));
+    let record = idem.record("infra_pay", key).await.unwrap().unwrap();
+    assert_eq!((record.status, record.attempts), (Status::Success, 1));
+    assert_eq!(
+        database.count("SELECT count(*) FROM infra_payments").await,
+        1
+    );
+    database.drop().await;
+}
