@@ -291,8 +291,9 @@ where
                 }
                 // Refused by the server: count it as a failed attempt, so that an effect
                 // whose completion can never be recorded is repeated at most
-                // `max_attempts` times, then parked.
-                Err(error) if error.as_database_error().is_some() => (
+                // `max_attempts` times, then parked. A lost connection or a pooler's error
+                // is not the message's: the lease stays until it expires.
+                Err(error) if transactional::counts_as_attempt(&error) => (
                     failure_text(&error, idem.config().error_texts()),
                     Err(Error::Database(error)),
                 ),
@@ -301,10 +302,21 @@ where
         }
         Err(error) => (failure_text(&error, idem.config().error_texts()), Ok(error)),
     };
+    // A body's failure that is the connection's, the pooler's or the server's (see
+    // `transactional::counts_as_attempt`) gives the lease back without the attempt.
+    let infrastructure =
+        matches!(&failure, Ok(error) if !transactional::counts_as_attempt_of(error.as_std_error()));
     let mut tx = idem.bounded_transaction().await?;
-    let recorded = statements
-        .fail_lease(&mut tx, scope, uuid, token, &text, max_attempts)
-        .await?;
+    let recorded = if infrastructure {
+        statements
+            .release_lease(&mut tx, scope, uuid, token, &text)
+            .await?
+            .map(|(attempts, _)| (attempts, false))
+    } else {
+        statements
+            .fail_lease(&mut tx, scope, uuid, token, &text, max_attempts)
+            .await?
+    };
     tx.commit().await?;
     match (recorded, failure) {
         (Some((attempts, parked)), Ok(source)) => Err(Error::Handler {

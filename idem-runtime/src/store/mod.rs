@@ -178,6 +178,7 @@ pub(crate) struct Statements {
     extend_lease: String,
     complete_lease: String,
     fail_lease: String,
+    release_lease: String,
     /// Batch handlers: claims every key of a batch, returning the keys in the way.
     pub batch_claim: String,
     /// Batch handlers: takes over the `failed` keys of a batch.
@@ -381,6 +382,14 @@ impl Statements {
             complete_lease: format!(
                 "UPDATE {table} SET status = 'success', result = $4::text::json, lease_expires_at = NULL, updated_at = now() \
                  WHERE scope = $1 AND key = $2 AND lease_owner = $3 AND status = 'processing'"
+            ),
+            // A failure that is not the message's: the lease goes, and so does the attempt
+            // its claim counted.
+            release_lease: format!(
+                "UPDATE {table} SET status = 'failed', attempts = greatest(attempts - 1, 0), \
+                     last_error = $4, lease_expires_at = NULL, updated_at = now() \
+                 WHERE scope = $1 AND key = $2 AND lease_owner = $3 AND status = 'processing' \
+                 RETURNING attempts, status"
             ),
             fail_lease: format!(
                 "UPDATE {table} SET status = CASE WHEN attempts >= $5 THEN 'parked' ELSE 'failed' END, \
@@ -723,19 +732,48 @@ impl Statements {
         error: &str,
         max_attempts: u32,
     ) -> Result<Option<(u32, bool)>, sqlx::Error> {
-        let row = self
-            .query(
-                &self.fail_lease,
-                &[
-                    scope.into(),
-                    key.into(),
-                    token.into(),
-                    error.into(),
-                    attempts_value(max_attempts),
-                ],
-            )
-            .fetch_optional(conn)
-            .await?;
+        self.end_lease(
+            &self.fail_lease,
+            conn,
+            scope,
+            key,
+            token,
+            error,
+            Some(max_attempts),
+        )
+        .await
+    }
+
+    /// Releases the lease without the attempt its claim counted (a failure that is not
+    /// the message's), if it is still ours: the attempts, or `None` when the lease is lost.
+    pub async fn release_lease(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        token: Uuid,
+        error: &str,
+    ) -> Result<Option<(u32, bool)>, sqlx::Error> {
+        self.end_lease(&self.release_lease, conn, scope, key, token, error, None)
+            .await
+    }
+
+    /// Runs `statement` on the lease of `key` held by `token` with `$1` scope, `$2` key,
+    /// `$3` token, `$4` the error text and, where given, `$5` the attempts that park.
+    #[allow(clippy::too_many_arguments)]
+    async fn end_lease(
+        &self,
+        statement: &str,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        token: Uuid,
+        error: &str,
+        max_attempts: Option<u32>,
+    ) -> Result<Option<(u32, bool)>, sqlx::Error> {
+        let mut values = vec![scope.into(), key.into(), token.into(), error.into()];
+        values.extend(max_attempts.map(attempts_value));
+        let row = self.query(statement, &values).fetch_optional(conn).await?;
         row.as_ref().map(failure_recorded).transpose()
     }
 }

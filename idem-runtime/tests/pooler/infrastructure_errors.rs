@@ -53,6 +53,36 @@ async fn pay(tx: &mut PgConnection, payment: &Payment) -> Result<(), PaymentErro
     Ok(())
 }
 
+/// A lease-mode body that writes through the pool, outside idem's transaction.
+pub struct Notice {
+    pub notice_id: String,
+    pub pool: sqlx::PgPool,
+    pub deliveries: AtomicUsize,
+}
+
+#[idempotent(
+    key = "notice_id",
+    scope = "infra_notify",
+    mode = "lease",
+    lease = "30s",
+    max_attempts = 2
+)]
+async fn notify(_lease: &idem_runtime::lease::Lease, notice: &Notice) -> Result<(), PaymentError> {
+    let delivery = notice.deliveries.fetch_add(1, Ordering::SeqCst);
+    let mut tx = notice.pool.begin().await.map_err(PaymentError::Store)?;
+    if let Some(fault) = FAULTS.get(delivery) {
+        sqlx::raw_sql(fault)
+            .execute(&mut *tx)
+            .await
+            .map_err(PaymentError::Store)?;
+    }
+    sqlx::raw_sql("INSERT INTO infra_payments (payment_id) VALUES ('notice')")
+        .execute(&mut *tx)
+        .await
+        .map_err(PaymentError::Store)?;
+    tx.commit().await.map_err(PaymentError::Store)
+}
+
 pub async fn run(route: Route) {
     let database = Database::create(route, "infra").await;
     sqlx::query("CREATE TABLE infra_payments (payment_id text NOT NULL)")
@@ -102,6 +132,44 @@ pub async fn run(route: Route) {
     assert_eq!(
         database.count("SELECT count(*) FROM infra_payments").await,
         1
+    );
+
+    // The same in lease mode: the lease goes back without the attempt its claim counted.
+    let notice = Notice {
+        notice_id: "n-1".into(),
+        pool: idem.pool().clone(),
+        deliveries: AtomicUsize::new(0),
+    };
+    let key = KeyBuilder::new().part("notice_id", "n-1").unwrap().finish();
+    for fault in FAULTS {
+        match notify(&idem, &notice).await {
+            Err(
+                Error::Handler {
+                    attempts: 0,
+                    parked: false,
+                    ..
+                }
+                | Error::Database(_),
+            ) => {}
+            other => panic!("lease: {fault} through {}: {other:?}", route.name()),
+        }
+        let record = idem.record("infra_notify", key).await.unwrap().unwrap();
+        assert_eq!(
+            (record.status, record.attempts),
+            (Status::Failed, 0),
+            "lease: {fault} through {} counted against the message",
+            route.name()
+        );
+    }
+    assert!(matches!(
+        notify(&idem, &notice).await,
+        Ok(Outcome::Executed(()))
+    ));
+    let record = idem.record("infra_notify", key).await.unwrap().unwrap();
+    assert_eq!((record.status, record.attempts), (Status::Success, 1));
+    assert_eq!(
+        database.count("SELECT count(*) FROM infra_payments").await,
+        2
     );
     database.drop().await;
 }
