@@ -149,8 +149,10 @@ impl ConsumerBuilder {
         let mut settings = self.settings;
         let schema = settings
             .schema
-            .get_or_insert_with(|| Schema::for_idem(&idem))
-            .clone();
+            .take()
+            .unwrap_or_else(|| Schema::for_idem(&idem))
+            .behind(&idem);
+        settings.schema = Some(schema.clone());
         Consumer::create(
             idem,
             settings,

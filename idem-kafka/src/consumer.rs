@@ -505,12 +505,24 @@ impl<H: Handler> Consumer<H> {
         if self.settings.offsets == OffsetStore::Postgres {
             let pending = context.unstored();
             if !pending.is_empty() {
-                let stored = async {
-                    let mut conn = self.idem.pool().acquire().await?;
-                    offsets::store_all(&mut conn, &self.schema, &self.settings.group, &pending)
+                // In a task of its own: a transaction that `alone` begins must not be
+                // dropped while `BEGIN` is in flight (sqlx 0.8 would hand its connection
+                // back to the pool inside it).
+                let stored = tokio::spawn({
+                    let (pool, schema) = (self.idem.pool().clone(), self.schema.clone());
+                    let (group, pending) = (self.settings.group.clone(), pending.clone());
+                    async move {
+                        let mut conn = pool.acquire().await?;
+                        offsets::alone(&mut conn, &schema, async |conn| {
+                            offsets::store_all(conn, &schema, &group, &pending).await
+                        })
                         .await
-                };
-                if let Err(error) = stored.await {
+                    }
+                });
+                let stored = stored
+                    .await
+                    .unwrap_or_else(|joined| Err(sqlx::Error::Io(std::io::Error::other(joined))));
+                if let Err(error) = stored {
                     tracing::warn!(%error, "storing offsets in postgres failed; retrying at the next commit");
                     context.unstore(&pending);
                     return false;

@@ -156,7 +156,10 @@ impl GroupContext {
         topics.dedup();
         for topic in topics {
             let load = async |conn: &mut PgConnection| {
-                offsets::stored_offsets(conn, &self.schema, &self.group, topic).await
+                offsets::alone(conn, &self.schema, async |conn| {
+                    offsets::stored_offsets(conn, &self.schema, &self.group, topic).await
+                })
+                .await
             };
             match self.on_side_thread(load) {
                 Ok(stored) => {
@@ -207,7 +210,10 @@ impl GroupContext {
                 .collect();
             if !pending.is_empty() {
                 let store = async |conn: &mut PgConnection| {
-                    offsets::store_all(conn, &self.schema, &self.group, &pending).await
+                    offsets::alone(conn, &self.schema, async |conn| {
+                        offsets::store_all(conn, &self.schema, &self.group, &pending).await
+                    })
+                    .await
                 };
                 if let Err(error) = self.on_side_thread(store) {
                     tracing::warn!(%error, "storing the revoked partitions' offsets failed; they will be read again (duplicates)");

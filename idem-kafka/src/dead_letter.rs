@@ -36,6 +36,7 @@ pub(crate) async fn insert(
     .bind(delivery.payload.as_deref())
     .bind(reason.as_str())
     .bind(error)
+    .persistent(schema.prepared())
     .execute(conn)
     .await?;
     Ok(inserted.rows_affected() == 1)

@@ -9,9 +9,26 @@
 
 use std::collections::HashMap;
 
-use sqlx::PgConnection;
+use sqlx::{Connection, PgConnection};
 
 use crate::schema::Schema;
+
+/// Runs `job` on `conn` outside the handler's transaction. Behind a transaction pooler it
+/// runs in a transaction of its own: sqlx parses a statement in one round trip and binds
+/// it in the next, and only an open transaction keeps the two on one server connection.
+pub(crate) async fn alone<T>(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    job: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    if schema.prepared() {
+        return job(conn).await;
+    }
+    let mut tx = conn.begin().await?;
+    let value = job(&mut tx).await?;
+    tx.commit().await?;
+    Ok(value)
+}
 
 /// Records several positions of one group in one statement (forward only).
 pub(crate) async fn store_all(
@@ -46,6 +63,7 @@ pub(crate) async fn store_all(
     .bind(&topics)
     .bind(&partitions)
     .bind(&offsets)
+    .persistent(schema.prepared())
     .execute(conn)
     .await?;
     Ok(())
@@ -66,6 +84,7 @@ pub async fn stored_offsets(
     ))
     .bind(group)
     .bind(topic)
+    .persistent(schema.prepared())
     .fetch_all(conn)
     .await?;
     Ok(rows.into_iter().collect())

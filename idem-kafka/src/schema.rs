@@ -18,6 +18,9 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Schema {
     name: Arc<str>,
+    /// Whether statements on the tables are prepared for reuse: not behind a transaction
+    /// pooler, where a prepared statement stays on the server connection that parsed it.
+    prepared: bool,
 }
 
 impl Schema {
@@ -25,7 +28,9 @@ impl Schema {
     pub fn for_idem(idem: &Idem) -> Self {
         Schema {
             name: format!("{}_kafka", idem.config().schema()).into(),
+            prepared: true,
         }
+        .behind(idem)
     }
 
     /// A schema of this name: 1 to 48 characters of `[a-z0-9_]`, not starting with a
@@ -35,7 +40,21 @@ impl Schema {
             Identifier::new(name).map_err(|error| ConsumerError::Config(error.to_string()))?;
         Ok(Schema {
             name: name.as_str().into(),
+            prepared: true,
         })
+    }
+
+    /// The schema as `idem`'s pool reaches it: behind a transaction pooler
+    /// ([`Pooler::Transaction`](idem_runtime::Pooler::Transaction)) no statement is
+    /// prepared for reuse.
+    pub(crate) fn behind(mut self, idem: &Idem) -> Self {
+        self.prepared = idem.config().pooler() != idem_runtime::Pooler::Transaction;
+        self
+    }
+
+    /// Whether statements on the tables are prepared for reuse (sqlx's `persistent`).
+    pub(crate) fn prepared(&self) -> bool {
+        self.prepared
     }
 
     /// The schema's name.

@@ -35,14 +35,15 @@ pub async fn create_tables(pool: &PgPool) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     // Concurrent `CREATE TABLE IF NOT EXISTS` of one table can fail on the catalog's
     // unique index: serialise the consumers that start together.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('idem-suite kafka tables'))")
+    // Simple queries: nothing prepared stays on a transaction pooler's server connection.
+    sqlx::raw_sql("SELECT pg_advisory_xact_lock(hashtext('idem-suite kafka tables'))")
         .execute(&mut *tx)
         .await?;
     for statement in [
         crate::orders::CREATE_ORDER_EFFECTS,
         handlers::CREATE_ORDER_TOTALS,
     ] {
-        sqlx::query(statement).execute(&mut *tx).await?;
+        sqlx::raw_sql(statement).execute(&mut *tx).await?;
     }
     tx.commit().await
 }

@@ -27,9 +27,19 @@ pub async fn every_fact_applied_once_despite_a_killed_consumer(
     offsets: OffsetStore,
     batch_size: usize,
 ) {
+    let harness = Harness::new(&pool, &format!("{offsets}-b{batch_size}"), PARTITIONS).await;
+    scenario(harness, offsets, batch_size).await;
+}
+
+/// The scenario with the consumers behind PgBouncer in transaction pooling.
+pub async fn through_transaction_pooling(pool: PgPool, offsets: OffsetStore, batch_size: usize) {
+    let label = format!("pooled-{offsets}-b{batch_size}");
+    let harness = Harness::through_transaction_pooler(&pool, &label, PARTITIONS).await;
+    scenario(harness, offsets, batch_size).await;
+}
+
+async fn scenario(harness: Harness, offsets: OffsetStore, batch_size: usize) {
     let started = Instant::now();
-    let label = format!("{offsets}-b{batch_size}");
-    let harness = Harness::new(&pool, &label, PARTITIONS).await;
     let plan = Plan::new(&PlanConfig {
         events: EVENTS,
         duplicate_rate: DUPLICATE_RATE,

@@ -48,6 +48,29 @@ impl Harness {
     /// Finds or starts the broker (failing, with how to install it, if `tansu` is
     /// missing), creates a topic with `partitions` partitions and the tables.
     pub async fn new(test_pool: &PgPool, label: &str, partitions: i32) -> Harness {
+        Self::through(test_pool, label, partitions, None).await
+    }
+
+    /// [`new`](Self::new), with the consumers' handle reaching the test's database through
+    /// PgBouncer in transaction pooling (`IDEM_PGBOUNCER_TRANSACTION_URL`, which
+    /// `scripts/test.sh` exports); `pool` stays a direct connection, for the checks.
+    pub async fn through_transaction_pooler(
+        test_pool: &PgPool,
+        label: &str,
+        partitions: i32,
+    ) -> Harness {
+        let url = std::env::var("IDEM_PGBOUNCER_TRANSACTION_URL").expect(
+            "IDEM_PGBOUNCER_TRANSACTION_URL: run the tests through scripts/test.sh, or export what `scripts/services.sh up --print-env pgbouncer` prints",
+        );
+        Self::through(test_pool, label, partitions, Some(url)).await
+    }
+
+    async fn through(
+        test_pool: &PgPool,
+        label: &str,
+        partitions: i32,
+        pooler: Option<String>,
+    ) -> Harness {
         let one_at_a_time = BROKER_TESTS.lock().await;
         let broker = tokio::task::spawn_blocking(LocalBroker::ensure)
             .await
@@ -63,7 +86,30 @@ impl Harness {
             .connect_with(test_pool.connect_options().as_ref().clone())
             .await
             .unwrap();
-        let idem = Idem::new(pool.clone());
+        let idem = match pooler {
+            None => Idem::new(pool.clone()),
+            Some(url) => {
+                let database = test_pool
+                    .connect_options()
+                    .get_database()
+                    .unwrap_or("postgres")
+                    .to_owned();
+                let options = url
+                    .parse::<sqlx::postgres::PgConnectOptions>()
+                    .expect("a PostgreSQL URL")
+                    .database(&database);
+                let pooled = PgPoolOptions::new()
+                    .max_connections(10)
+                    .acquire_timeout(Duration::from_secs(2))
+                    .connect_with(options)
+                    .await
+                    .unwrap();
+                Idem::builder(pooled)
+                    .pooler(idem_runtime::Pooler::Transaction)
+                    .build()
+                    .unwrap()
+            }
+        };
         kafka::prepare(&idem).await.unwrap();
         admin::wait_for_broker(&brokers, Duration::from_secs(30))
             .await
@@ -154,6 +200,18 @@ impl Harness {
     /// broker run can crash them (librdkafka 2.12 against tansu 0.6), and the broker the
     /// tests start is thrown away with its storage anyway.
     pub async fn finish(self) {
+        // A pooler keeps its server connections to the test's database: ended here, so
+        // that the database can be dropped.
+        if let Err(error) = sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .execute(&self.pool)
+        .await
+        {
+            eprintln!("could not end the pooler's connections to the test database: {error}");
+        }
+        self.idem.pool().close().await;
         self.pool.close().await;
     }
 }

@@ -5,13 +5,14 @@
 //! So the whole run is one transaction: a transaction-scoped advisory lock (the one
 //! sqlx's migrator takes for the database, so that a migrator of either kind waits for
 //! the other), the schema, `SET LOCAL search_path`, sqlx's bookkeeping table
-//! `_sqlx_migrations` in that schema, and each pending migration (sqlx's `Migrate::apply`,
-//! which nests its own transaction as a savepoint). No startup parameter is needed, which
-//! PgBouncer would refuse (`options`).
+//! `_sqlx_migrations` in that schema (its layout and checksums, so that sqlx's migrator
+//! and idem read the same state), and each pending migration with its row there. No
+//! startup parameter is needed, which PgBouncer would refuse (`options`), and no statement
+//! is prepared.
 
 use std::collections::HashMap;
 
-use sqlx::migrate::{Migrate, MigrateError, Migrator};
+use sqlx::migrate::{MigrateError, Migrator};
 use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 use crate::config::Identifier;
@@ -59,11 +60,7 @@ async fn migrate_in_transaction(
     migrator: &Migrator,
 ) -> Result<(), MigrateError> {
     let mut tx = conn.begin().await?;
-    let applied = apply(&mut tx, schema, migrator).await;
-    // sqlx prepares and caches the bookkeeping's statements: closed here, inside the
-    // transaction, so that none outlives it on a pooler's server connection.
-    tx.clear_cached_statements().await?;
-    match applied {
+    match apply(&mut tx, schema, migrator).await {
         Ok(()) => Ok(tx.commit().await?),
         Err(error) => {
             tx.rollback().await?;
@@ -72,6 +69,9 @@ async fn migrate_in_transaction(
     }
 }
 
+/// Every statement is a simple query (the values written in as hexadecimal and digits):
+/// nothing is prepared, so nothing is left on a pooler's server connection, and nothing
+/// collides with what other clients left there.
 async fn apply(
     conn: &mut PgConnection,
     schema: &Identifier,
@@ -85,22 +85,30 @@ async fn apply(
         format!(
             "SELECT pg_advisory_xact_lock({}); \
              CREATE SCHEMA IF NOT EXISTS {schema}; \
-             SET LOCAL search_path TO {schema}",
+             SET LOCAL search_path TO {schema}; \
+             CREATE TABLE IF NOT EXISTS _sqlx_migrations ( \
+                 version BIGINT PRIMARY KEY, \
+                 description TEXT NOT NULL, \
+                 installed_on TIMESTAMPTZ NOT NULL DEFAULT now(), \
+                 success BOOLEAN NOT NULL, \
+                 checksum BYTEA NOT NULL, \
+                 execution_time BIGINT NOT NULL)",
             lock_id(&database)
         )
         .as_str(),
     )
     .await?;
-    conn.ensure_migrations_table().await?;
-    if let Some(version) = conn.dirty_version().await? {
-        return Err(MigrateError::Dirty(version));
-    }
-    let applied: HashMap<i64, _> = conn
-        .list_applied_migrations()
+    let mut applied = HashMap::new();
+    for row in conn
+        .fetch_all("SELECT version, checksum, success FROM _sqlx_migrations ORDER BY version")
         .await?
-        .into_iter()
-        .map(|migration| (migration.version, migration.checksum))
-        .collect();
+    {
+        let version: i64 = row.try_get(0)?;
+        if !row.try_get::<bool, _>(2)? {
+            return Err(MigrateError::Dirty(version));
+        }
+        applied.insert(version, row.try_get::<Vec<u8>, _>(1)?);
+    }
     let known = |version: i64| {
         migrator
             .iter()
@@ -116,12 +124,29 @@ async fn apply(
             continue;
         }
         match applied.get(&migration.version) {
-            Some(checksum) if *checksum != migration.checksum => {
+            Some(checksum) if checksum[..] != migration.checksum[..] => {
                 return Err(MigrateError::VersionMismatch(migration.version));
             }
             Some(_) => {}
             None => {
-                conn.apply(migration).await?;
+                let started = std::time::Instant::now();
+                conn.execute(&*migration.sql)
+                    .await
+                    .map_err(|error| MigrateError::ExecuteMigration(error, migration.version))?;
+                let elapsed = i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX);
+                conn.execute(
+                    format!(
+                        "INSERT INTO _sqlx_migrations \
+                             (version, description, success, checksum, execution_time) \
+                         VALUES ({}, convert_from(decode('{}', 'hex'), 'UTF8'), TRUE, \
+                                 decode('{}', 'hex'), {elapsed})",
+                        migration.version,
+                        hex::encode(migration.description.as_bytes()),
+                        hex::encode(&migration.checksum),
+                    )
+                    .as_str(),
+                )
+                .await?;
             }
         }
     }
