@@ -101,7 +101,7 @@ pub async fn run(route: Route) {
 
     let done = idem
         .done_keys(
-            &mut *idem.pool().acquire().await.unwrap(),
+            &mut idem.pool().acquire().await.unwrap(),
             "operator_pay",
             &[(key, None)],
         )
