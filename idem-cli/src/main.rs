@@ -51,11 +51,30 @@ struct Cli {
     /// The schema of the status table.
     #[arg(long, default_value = "idem", global = true)]
     schema: String,
+    /// What stands between the tool and PostgreSQL: `session` (a direct connection, or a
+    /// pooler in session pooling) or `transaction` (a pooler in transaction pooling, such
+    /// as PgBouncer's `pool_mode = transaction`: nothing is prepared, nothing kept in the
+    /// session).
+    #[arg(
+        long,
+        env = "IDEM_POOLER",
+        value_enum,
+        default_value = "session",
+        global = true
+    )]
+    pooler: PoolerArg,
     /// Machine-readable output: one JSON document on stdout.
     #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The values of `--pooler`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum PoolerArg {
+    Session,
+    Transaction,
 }
 
 #[derive(Debug, Subcommand)]
@@ -296,6 +315,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let pool = connect::pool(options, cli.database_url.as_deref()).await?;
     let idem = Idem::builder(pool)
         .schema(&cli.schema)
+        .pooler(match cli.pooler {
+            PoolerArg::Session => idem_runtime::Pooler::Session,
+            PoolerArg::Transaction => idem_runtime::Pooler::Transaction,
+        })
         .build()
         .map_err(|error| Failure::usage(error.to_string()))?;
     let out = output::Output { json: cli.json };

@@ -87,6 +87,7 @@ fn idem(url: &str, args: &[&str]) -> Run {
         "PGUSER",
         "PGPASSWORD",
         "PGDATABASE",
+        "IDEM_POOLER",
     ] {
         command.env_remove(variable);
     }
@@ -795,4 +796,64 @@ async fn sslmode_in_the_url_connects_over_tls(pool: PgPool) {
         }
     }
     ok(idem(&format!("{plain}?sslmode=disable"), &["stats"]));
+}
+
+/// Through PgBouncer in transaction pooling (`IDEM_PGBOUNCER_TRANSACTION_URL`, which
+/// `scripts/test.sh` exports) with `--pooler transaction`: migrate, list, retry, stats and
+/// purge work, and the keys they change are the ones a direct connection sees.
+#[sqlx::test(migrations = false)]
+async fn every_command_works_through_a_transaction_pooler(pool: PgPool) {
+    let _idem = setup(&pool).await;
+    let pooler = std::env::var("IDEM_PGBOUNCER_TRANSACTION_URL").expect(
+        "IDEM_PGBOUNCER_TRANSACTION_URL: run the tests through scripts/test.sh, or export what `scripts/services.sh up --print-env pgbouncer` prints",
+    );
+    let base = pooler.rsplit_once('/').expect("a URL with a database").0;
+    let database = pool.connect_options().get_database().unwrap().to_owned();
+    let url = format!("{base}/{database}");
+    let through = |args: &[&str]| {
+        let mut args = args.to_vec();
+        args.extend(["--pooler", "transaction"]);
+        idem(&url, &args)
+    };
+    ok(through(&["migrate"]));
+    ok(through(&["migrate", "status"]));
+    let parked = ok(through(&["keys", "list", "--status", "parked", "--json"])).json();
+    assert_eq!(parked["keys"].as_array().map(Vec::len), Some(1), "{parked}");
+    ok(through(&["keys", "retry", "--all", "--status", "parked"]));
+    let record: (String, i32) =
+        sqlx::query_as("SELECT status, attempts FROM idem.idem_keys WHERE key = $1")
+            .bind(key_of("o-parked", 1))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(record, ("failed".to_owned(), 0));
+    let stats = ok(through(&["stats", "--json"])).json();
+    assert_eq!(stats["total"], 7);
+    let dry_run = ok(through(&[
+        "purge",
+        "--older-than",
+        "0s",
+        "--dry-run",
+        "--json",
+    ]))
+    .json();
+    assert_eq!(dry_run["deleted"], 5, "{dry_run}");
+    ok(through(&["purge", "--older-than", "0s"]));
+    assert_eq!(shipments_keys(&pool).await, 2);
+    // The pooler's server connections to the test's database end with it.
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+}
+
+/// The status table's rows.
+async fn shipments_keys(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idem.idem_keys")
+        .fetch_one(pool)
+        .await
+        .unwrap()
 }
