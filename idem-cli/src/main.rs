@@ -1,7 +1,7 @@
 //! `idem`: the operator's tool for the status table of idempotent handlers.
 //!
 //! ```text
-//! idem [-D URL] [--schema idem] [--json] <command>
+//! idem [-D URL] [--schema idem] [--pooler session|transaction] [--json] <command>
 //!
 //!   migrate [status]                      apply the status table's migrations / list them
 //!   keys show --scope S (--key ID | --field F=V ...)
