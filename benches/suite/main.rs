@@ -3,7 +3,9 @@
 //! the local PostgreSQL; batches (a body per message, and a batch handler's one body per
 //! batch), lease mode, duplicate storms with and without the Redis cache (feature
 //! `redis`), new keys next to a busy key (one key held by a slow body while duplicates of
-//! it arrive); plus round trips per message and the status table's size.
+//! it arrive); plus round trips per message and the status table's size. The `pooler` run
+//! measures `bare`, `idem` and `idem-dup` through PgBouncer in transaction pooling next to
+//! the same on a direct connection.
 //!
 //! ```text
 //! cargo bench --bench suite --features redis     # full run (about 12 minutes)
@@ -11,6 +13,7 @@
 //! IDEM_BENCH_QUICK=1 cargo bench --bench suite   # smoke run (about a minute)
 //! cargo bench --bench suite -- idem bare         # only these scenarios
 //! cargo bench --bench suite -- memory            # 1,000,000 messages through batches: peak RSS
+//! cargo bench --bench suite -- pooler            # through PgBouncer (pool_mode = transaction) vs direct
 //! cargo bench --bench suite -- --help            # the settings below
 //! bash benches/ceilings/run.sh                   # the same SQL through pgbench: the ratios' ceilings
 //! ```
@@ -35,6 +38,12 @@
 //! | `IDEM_BENCH_REDIS_URL` | `--redis-url` | `REDIS_URL`, else `redis://127.0.0.1:6379` | |
 //! | `IDEM_BENCH_DATABASE` | `--database` | `idem_bench` (created if missing, on `DATABASE_URL`'s server) | |
 //! | `IDEM_BENCH_OUT` | `--out` | `target/bench` (`results.json`, `throughput.svg`) | |
+//! | `IDEM_PGBOUNCER_TRANSACTION_URL` | `--pgbouncer-url` | PgBouncer with `pool_mode = transaction` in front of `DATABASE_URL`'s server (`pgbouncer-*` scenarios); unset: `scripts/services.sh up --print-env postgres pgbouncer` starts one | |
+//!
+//! The `pooler` run (`-- pooler`, about 10 minutes) has its own defaults: 20 rounds of
+//! 0.5 s cells after 0.2 s of warm-up (quick: as above), concurrency 1,4,16 (quick: 4,16),
+//! `synchronous_commit` on only (PgBouncer passes no `options` startup parameter), no size
+//! report.
 
 mod proxy;
 mod report;
@@ -48,7 +57,7 @@ use std::time::{Duration, Instant};
 
 use clap::builder::FalseyValueParser;
 use clap::{Parser, ValueEnum};
-use idem_runtime::Idem;
+use idem_runtime::{Idem, Pooler};
 use idem_suite::orders::CREATE_ORDER_EFFECTS;
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
@@ -56,8 +65,8 @@ use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 use crate::proxy::Proxy;
 use crate::report::{
-    CellResult, DbPerMessage, MemoryMark, MemoryResult, ProbeResult, Report, SizeResult,
-    WirePerMessage,
+    CellResult, DbPerMessage, MemoryMark, MemoryResult, PgBouncerInfo, ProbeResult, Report,
+    SizeResult, WirePerMessage,
 };
 use crate::scenarios::{CREATE_ARTICLE_MESSAGES, Cell, Scenario, TRUNCATE};
 
@@ -102,6 +111,11 @@ pub(crate) struct Settings {
     pub(crate) busy_duplicates: usize,
     pub(crate) redis_url: String,
     pub(crate) database: String,
+    /// The `pooler` run was picked (its defaults apply).
+    pub(crate) pooler: bool,
+    /// `IDEM_PGBOUNCER_TRANSACTION_URL` (not written out: it may hold a password).
+    #[serde(skip)]
+    pub(crate) pgbouncer_url: Option<String>,
     #[serde(skip)]
     pub(crate) out: PathBuf,
 }
@@ -115,8 +129,9 @@ pub(crate) struct Settings {
     after_help = "Run through cargo: cargo bench --bench suite --features redis -- [FLAGS] [SCENARIO...]"
 )]
 struct Cli {
-    /// Scenarios to run, by name (`memory`: the memory run). Default: all of them (a
-    /// subset in quick mode).
+    /// Scenarios to run, by name (`memory`: the memory run; `pooler`: through PgBouncer
+    /// against direct). Default: all of them but the `pooler` run's (a subset in quick
+    /// mode).
     #[arg(value_name = "SCENARIO", value_parser = pick)]
     names: Vec<Pick>,
     /// Smoke run: shorter cells, one round, concurrency 1 and 16, fewer scenarios.
@@ -180,26 +195,37 @@ struct Cli {
     /// Where results.json and throughput.svg go [default: target/bench].
     #[arg(long, env = "IDEM_BENCH_OUT", value_name = "DIR")]
     out: Option<PathBuf>,
+    /// PgBouncer in transaction pooling in front of DATABASE_URL's server, for the
+    /// `pgbouncer-*` scenarios [default: started by scripts/services.sh].
+    #[arg(long, env = "IDEM_PGBOUNCER_TRANSACTION_URL", value_name = "URL")]
+    pgbouncer_url: Option<String>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
 }
 
-/// A name on the command line: a scenario, or the memory run (`memory`).
+/// A name on the command line: a scenario, the memory run (`memory`) or the pooler run
+/// (`pooler`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pick {
     Scenario(Scenario),
     Memory,
+    Pooler,
 }
 
 fn pick(name: &str) -> Result<Pick, String> {
     let name = name.trim();
-    if name == "memory" {
-        return Ok(Pick::Memory);
+    match name {
+        "memory" => return Ok(Pick::Memory),
+        "pooler" => return Ok(Pick::Pooler),
+        _ => {}
     }
     Scenario::parse(name).map(Pick::Scenario).ok_or_else(|| {
         let known: Vec<_> = Scenario::ALL.iter().map(|s| s.name()).collect();
-        format!("unknown scenario; known: {}, memory", known.join(", "))
+        format!(
+            "unknown scenario; known: {}, memory, pooler",
+            known.join(", ")
+        )
     })
 }
 
@@ -272,12 +298,18 @@ impl Settings {
             default_scenarios.into_iter().map(Pick::Scenario).collect()
         };
         let memory = picked.contains(&Pick::Memory);
+        let pooler = picked.contains(&Pick::Pooler);
         let mut scenarios = Vec::new();
         for pick in picked {
-            if let Pick::Scenario(scenario) = pick
-                && !scenarios.contains(&scenario)
-            {
-                scenarios.push(scenario);
+            let picked: &[Scenario] = match &pick {
+                Pick::Scenario(scenario) => std::slice::from_ref(scenario),
+                Pick::Pooler => &Scenario::POOLER_RUN,
+                Pick::Memory => &[],
+            };
+            for &scenario in picked {
+                if !scenarios.contains(&scenario) {
+                    scenarios.push(scenario);
+                }
             }
         }
         if let Some(redis) = scenarios
@@ -298,26 +330,45 @@ impl Settings {
                 .join("bench"),
         };
         let or = |normal, quick_value| if quick { quick_value } else { normal };
+        // The pooler run: short cells and many rounds, so that the two cells of a ratio run
+        // seconds apart and the rounds' ratios have a median that load from other processes
+        // moves little; the concurrencies where a pooler is used; no size report (the
+        // default run has it).
+        let default_rounds = match (pooler, quick) {
+            (_, true) => 1,
+            (true, false) => 20,
+            (false, false) => 3,
+        };
+        let (default_secs, default_warmup) = match (pooler, quick) {
+            (_, true) => (0.4, 0.15),
+            (true, false) => (0.5, 0.2),
+            (false, false) => (1.5, 0.3),
+        };
+        let default_concurrency = match (pooler, quick) {
+            (true, true) => vec![4, 16],
+            (true, false) => vec![1, 4, 16],
+            (false, true) => vec![1, 16],
+            (false, false) => vec![1, 4, 16, 64],
+        };
+        let default_sync = if pooler {
+            vec![SyncCommit::On]
+        } else {
+            vec![SyncCommit::On, SyncCommit::Off]
+        };
         let settings = Settings {
             quick,
-            secs: cli.secs.unwrap_or(or(1.5, 0.4)),
-            warmup_secs: cli.warmup_secs.unwrap_or(or(0.3, 0.15)),
-            rounds: cli.rounds.unwrap_or(if quick { 1 } else { 3 }),
-            concurrency: cli.concurrency.unwrap_or_else(|| {
-                if quick {
-                    vec![1, 16]
-                } else {
-                    vec![1, 4, 16, 64]
-                }
-            }),
+            secs: cli.secs.unwrap_or(default_secs),
+            warmup_secs: cli.warmup_secs.unwrap_or(default_warmup),
+            rounds: cli.rounds.unwrap_or(default_rounds),
+            concurrency: cli.concurrency.unwrap_or(default_concurrency),
             scenarios,
-            sync: cli
-                .sync
-                .unwrap_or_else(|| vec![SyncCommit::On, SyncCommit::Off]),
+            sync: cli.sync.unwrap_or(default_sync),
             probe_messages: cli.probe_messages.unwrap_or(if quick { 50 } else { 200 }),
-            size_keys: cli
-                .size_keys
-                .unwrap_or(if quick { 20_000 } else { 200_000 }),
+            size_keys: cli.size_keys.unwrap_or(match (pooler, quick) {
+                (true, _) => 0,
+                (false, true) => 20_000,
+                (false, false) => 200_000,
+            }),
             dup_keys: cli.dup_keys.unwrap_or(if quick { 300 } else { 2000 }),
             memory,
             memory_messages: cli
@@ -335,6 +386,8 @@ impl Settings {
                 })
                 .unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
             database: cli.database,
+            pooler,
+            pgbouncer_url: cli.pgbouncer_url.filter(|url| !url.is_empty()),
             out,
         };
         if settings.scenarios.contains(&Scenario::BusyKey)
@@ -369,6 +422,9 @@ impl Settings {
 struct Target {
     admin: PgConnectOptions,
     bench: PgConnectOptions,
+    /// The bench database through PgBouncer in transaction pooling (`pgbouncer-*`
+    /// scenarios), when one of them runs.
+    pgbouncer: Option<PgConnectOptions>,
     /// The shared Redis.
     redis: String,
     /// A Redis URL where nothing listens.
@@ -385,6 +441,33 @@ impl Target {
         }
     }
 
+    /// Where the cells of `scenario` connect: the bench database directly, or through
+    /// PgBouncer.
+    fn options_for(
+        &self,
+        scenario: Scenario,
+        sync: SyncCommit,
+    ) -> Result<PgConnectOptions, BoxError> {
+        if !scenario.through_pgbouncer() {
+            return Ok(self.bench_with(sync));
+        }
+        if sync == SyncCommit::Off {
+            // The setting is a startup parameter (`options`), which PgBouncer refuses.
+            return Err(format!(
+                "scenario {} runs with synchronous_commit=on only",
+                scenario.name()
+            )
+            .into());
+        }
+        self.pgbouncer.clone().ok_or_else(|| {
+            format!(
+                "scenario {} needs PgBouncer in transaction pooling: set IDEM_PGBOUNCER_TRANSACTION_URL",
+                scenario.name()
+            )
+            .into()
+        })
+    }
+
     async fn bench_conn(&self) -> Result<PgConnection, BoxError> {
         Ok(PgConnection::connect_with(&self.bench).await?)
     }
@@ -395,7 +478,21 @@ impl Target {
         connections: usize,
         application: &str,
     ) -> Result<PgPool, BoxError> {
-        let options = self.bench_with(sync).application_name(application);
+        self.pool_for(Scenario::Bare, sync, connections, application)
+            .await
+    }
+
+    /// A pool of `connections` where the cells of `scenario` connect.
+    async fn pool_for(
+        &self,
+        scenario: Scenario,
+        sync: SyncCommit,
+        connections: usize,
+        application: &str,
+    ) -> Result<PgPool, BoxError> {
+        let options = self
+            .options_for(scenario, sync)?
+            .application_name(application);
         Ok(PgPoolOptions::new()
             .max_connections(u32::try_from(connections).unwrap_or(u32::MAX))
             .min_connections(0)
@@ -413,6 +510,11 @@ impl Target {
     /// the scenario has one.
     fn handle(&self, scenario: Scenario, pool: PgPool, prefix: &str) -> Result<Idem, BoxError> {
         let builder = Idem::builder(pool).schema("idem");
+        let builder = if scenario.transaction_pooler() {
+            builder.pooler(Pooler::Transaction)
+        } else {
+            builder
+        };
         #[cfg(feature = "redis")]
         let builder = if scenario.redis() {
             let url = if scenario == Scenario::StormRedisDown {
@@ -491,10 +593,24 @@ fn main() -> Result<(), BoxError> {
 async fn run(settings: Settings) -> Result<(), BoxError> {
     let started = Instant::now();
     let load_before = load_average();
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let mut url = std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|url| !url.is_empty());
+    let mut pgbouncer_url = settings.pgbouncer_url.clone();
+    if pgbouncer_url.is_none() && settings.scenarios.iter().any(|s| s.through_pgbouncer()) {
+        let printed = services_env()?;
+        pgbouncer_url = Some(printed.transaction);
+        // Without DATABASE_URL, the script may have started a private PostgreSQL: the
+        // poolers stand in front of the server it printed.
+        url = url.or(printed.database);
+    }
+    let url = url.unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".into());
     let admin = PgConnectOptions::from_str(&url)?;
     let bench = admin.clone().database(&settings.database);
+    let pgbouncer = match &pgbouncer_url {
+        Some(url) => Some(PgConnectOptions::from_str(url)?.database(&settings.database)),
+        None => None,
+    };
     let redis_down = {
         // A port that was free a moment ago: nothing listens there.
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -510,6 +626,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
     let target = Target {
         admin,
         bench,
+        pgbouncer,
         redis: settings.redis_url.clone(),
         redis_down,
         run,
@@ -521,6 +638,10 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
         .await?;
     create_database(&mut admin, &settings.database).await?;
     setup(&target).await?;
+    let pgbouncer = match &target.pgbouncer {
+        Some(options) => Some(check_pgbouncer(&target.bench, options).await?),
+        None => None,
+    };
     println!(
         "idem bench: PostgreSQL {server_version}, database {}, {} s per cell x {} rounds, concurrency {:?}, {}",
         settings.database,
@@ -557,6 +678,7 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
     let report = Report::new(
         &settings,
         server_version,
+        pgbouncer,
         cells,
         probes,
         sizes,
@@ -571,6 +693,164 @@ async fn run(settings: Settings) -> Result<(), BoxError> {
     }
     Ok(())
 }
+
+/// What `scripts/services.sh up --print-env postgres pgbouncer` printed.
+struct ServicesEnv {
+    /// `DATABASE_URL`: the server that the poolers stand in front of.
+    database: Option<String>,
+    /// `IDEM_PGBOUNCER_TRANSACTION_URL`.
+    transaction: String,
+}
+
+/// Starts (or finds) the PostgreSQL and the PgBouncer instances of `scripts/services.sh`.
+fn services_env() -> Result<ServicesEnv, BoxError> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services.sh");
+    println!(
+        "IDEM_PGBOUNCER_TRANSACTION_URL is not set: scripts/services.sh up --print-env postgres pgbouncer"
+    );
+    let advice = "the pgbouncer-* scenarios need PgBouncer with pool_mode = transaction in front of \
+                  DATABASE_URL's server: set IDEM_PGBOUNCER_TRANSACTION_URL, or let \
+                  scripts/services.sh start one (it needs pgbouncer installed, or the rights to \
+                  install it)";
+    // Into a file, not a pipe: the servers that the script leaves running inherit its
+    // stdout, and would hold the bench's end of a pipe open.
+    let printed =
+        std::env::temp_dir().join(format!("idem-bench-services-env-{}", std::process::id()));
+    let status = std::process::Command::new("bash")
+        .args([script, "up", "--print-env", "postgres", "pgbouncer"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&printed)?)
+        .stderr(std::process::Stdio::inherit())
+        .status();
+    let text = std::fs::read_to_string(&printed);
+    let _ = std::fs::remove_file(&printed);
+    match status {
+        Ok(status) if status.success() => {}
+        Ok(status) => {
+            return Err(
+                format!("scripts/services.sh failed ({status}, see above): {advice}").into(),
+            );
+        }
+        Err(error) => {
+            return Err(format!("cannot run scripts/services.sh: {error}; {advice}").into());
+        }
+    }
+    let text = text?;
+    let value = |name: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("export {name}=")))
+            .map(unquote)
+    };
+    Ok(ServicesEnv {
+        database: value("DATABASE_URL"),
+        transaction: value("IDEM_PGBOUNCER_TRANSACTION_URL").ok_or_else(|| {
+            format!("scripts/services.sh printed no IDEM_PGBOUNCER_TRANSACTION_URL; {advice}")
+        })?,
+    })
+}
+
+/// A value as bash's `printf %q` writes it (backslash escapes, or single quotes).
+fn unquote(value: &str) -> String {
+    if let Some(inner) = value
+        .strip_prefix('\'')
+        .and_then(|rest| rest.strip_suffix('\''))
+    {
+        return inner.to_string();
+    }
+    let mut plain = String::with_capacity(value.len());
+    let mut chars = value.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => plain.extend(chars.next()),
+            c => plain.push(c),
+        }
+    }
+    plain
+}
+
+/// Checks that `pooled` is PgBouncer in transaction pooling in front of the server of
+/// `direct`, and reads its version and settings from its admin console.
+async fn check_pgbouncer(
+    direct: &PgConnectOptions,
+    pooled: &PgConnectOptions,
+) -> Result<PgBouncerInfo, BoxError> {
+    // Simple queries only: outside a transaction, each statement may run on another server
+    // connection of the pooler.
+    const SERVER: &str =
+        "SELECT pg_postmaster_start_time()::text || ' port ' || inet_server_port()::text";
+    let address = format!("{}:{}", pooled.get_host(), pooled.get_port());
+    let mut conn = PgConnection::connect_with(direct).await?;
+    let direct_server: String = conn.fetch_one(SERVER).await?.try_get(0)?;
+    conn.close().await?;
+    let mut conn = PgConnection::connect_with(pooled)
+        .await
+        .map_err(|error| format!("cannot connect through PgBouncer at {address}: {error}"))?;
+    let pooled_server: String = conn.fetch_one(SERVER).await?.try_get(0)?;
+    conn.close().await?;
+    if direct_server != pooled_server {
+        return Err(format!(
+            "PgBouncer at {address} stands in front of another PostgreSQL than DATABASE_URL's \
+             (started {pooled_server}, not {direct_server}): point IDEM_PGBOUNCER_TRANSACTION_URL \
+             and DATABASE_URL at the same server"
+        )
+        .into());
+    }
+    let mut info = PgBouncerInfo {
+        address,
+        version: None,
+        settings: BTreeMap::new(),
+    };
+    let admin = pooled.clone().database("pgbouncer");
+    let console = async {
+        let mut conn = PgConnection::connect_with(&admin).await?;
+        let version: String = conn.fetch_one("SHOW VERSION").await?.try_get(0)?;
+        let config = conn.fetch_all("SHOW CONFIG").await?;
+        conn.close().await?;
+        Ok::<_, sqlx::Error>((version, config))
+    };
+    match console.await {
+        Ok((version, config)) => {
+            info.version = Some(version);
+            for row in config {
+                let key: String = row.try_get("key")?;
+                if PGBOUNCER_SETTINGS.contains(&key.as_str()) {
+                    info.settings.insert(key, row.try_get("value")?);
+                }
+            }
+            let mode = info.settings.get("pool_mode").map(String::as_str);
+            if mode != Some("transaction") {
+                return Err(format!(
+                    "PgBouncer at {} runs pool_mode = {}: the pgbouncer-* scenarios need transaction pooling",
+                    info.address,
+                    mode.unwrap_or("(not shown)")
+                )
+                .into());
+            }
+        }
+        Err(error) => println!(
+            "warning: PgBouncer's admin console at {} did not answer ({error}): its version and settings are not reported",
+            info.address
+        ),
+    }
+    Ok(info)
+}
+
+/// The PgBouncer settings that the report shows (`max_prepared_statements` exists from
+/// PgBouncer 1.21 on).
+const PGBOUNCER_SETTINGS: [&str; 12] = [
+    "pool_mode",
+    "default_pool_size",
+    "min_pool_size",
+    "reserve_pool_size",
+    "max_client_conn",
+    "max_db_connections",
+    "server_reset_query",
+    "server_reset_query_always",
+    "server_round_robin",
+    "server_idle_timeout",
+    "ignore_startup_parameters",
+    "max_prepared_statements",
+];
 
 /// The 1-minute load average (0 where the system does not say).
 fn load_average() -> f64 {
@@ -703,7 +983,9 @@ async fn throughput(settings: &Settings, target: &Target) -> Result<Vec<CellResu
                 target.truncate().await?;
                 target.populate(settings, scenario, &prefix).await?;
                 let connections = concurrency + scenario.extra_connections();
-                let pool = target.pool(sync, connections, "idem-bench").await?;
+                let pool = target
+                    .pool_for(scenario, sync, connections, "idem-bench")
+                    .await?;
                 let cell = Arc::new(Cell {
                     scenario,
                     idem: target.handle(scenario, pool.clone(), &prefix)?,
@@ -824,9 +1106,23 @@ async fn db_stats(admin: &mut PgConnection, database: &str) -> Result<(DbStats, 
 }
 
 /// Waits until no client is connected to the bench database: a backend hands its
-/// statistics to the collector when it exits.
-async fn wait_for_no_clients(admin: &mut PgConnection, database: &str) -> Result<(), BoxError> {
+/// statistics to the collector when it exits. With PgBouncer in the run (`pooled`), the
+/// server connections that it keeps idle are ended first.
+async fn wait_for_no_clients(
+    admin: &mut PgConnection,
+    database: &str,
+    pooled: bool,
+) -> Result<(), BoxError> {
     for _ in 0..200 {
+        if pooled {
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = $1 AND backend_type = 'client backend' AND state = 'idle'",
+            )
+            .bind(database)
+            .execute(&mut *admin)
+            .await?;
+        }
         let clients: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'",
         )
@@ -877,14 +1173,15 @@ async fn probe(
     let prefix = target.prefix(&format!("probe-{}", scenario.name()));
     target.truncate().await?;
     target.populate(settings, scenario, &prefix).await?;
-    wait_for_no_clients(admin, &settings.database).await?;
+    let pooled = target.pgbouncer.is_some();
+    wait_for_no_clients(admin, &settings.database, pooled).await?;
     let (before, lsn_before) = db_stats(admin, &settings.database).await?;
 
-    let upstream = format!("{}:{}", target.bench.get_host(), target.bench.get_port());
+    // Between the client and PostgreSQL, or between the client and PgBouncer.
+    let server = target.options_for(scenario, SyncCommit::On)?;
+    let upstream = format!("{}:{}", server.get_host(), server.get_port());
     let proxy = Proxy::start(upstream).await?;
-    let options = target
-        .bench
-        .clone()
+    let options = server
         .host("127.0.0.1")
         .port(proxy.port)
         .ssl_mode(PgSslMode::Disable)
@@ -905,9 +1202,13 @@ async fn probe(
     for iteration in 0..warmup_steps {
         warmup += cell.step(0, iteration).await?;
     }
-    let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&pool)
-        .await?;
+    // A simple query: it leaves no prepared statement on the connection (through PgBouncer,
+    // the server connection that answers it also runs the probe's transactions: the first
+    // client of a pool with none idle, see wait_for_no_clients).
+    let backend: i32 = pool
+        .fetch_one("SELECT pg_backend_pid()")
+        .await?
+        .try_get(0)?;
     wait_for_idle(&pool).await;
     let cpu_before = backend_cpu_ns(backend);
     let start = proxy.counters.snapshot();
@@ -927,7 +1228,7 @@ async fn probe(
     }
     drop(cell);
     pool.close().await;
-    wait_for_no_clients(admin, &settings.database).await?;
+    wait_for_no_clients(admin, &settings.database, pooled).await?;
     let (after, _) = db_stats(admin, &settings.database).await?;
     let wal: f64 = sqlx::query_scalar(
         "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8",
@@ -948,7 +1249,8 @@ async fn probe(
             simple_queries: wire.simple_queries as f64 / n,
             extended_executes: wire.executes as f64 / n,
             parses: wire.parses as f64 / n,
-            bare_syncs: wire.syncs.saturating_sub(wire.executes) as f64 / n,
+            // sqlx follows each execution, and each parse (with its describe), by a sync.
+            bare_syncs: wire.syncs.saturating_sub(wire.executes + wire.parses) as f64 / n,
         },
         server_cpu_us,
         db: DbPerMessage {

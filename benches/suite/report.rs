@@ -1,6 +1,6 @@
 //! The report: a table on stdout, `results.json` and a chart (`throughput.svg`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
@@ -101,7 +101,8 @@ pub struct WirePerMessage {
     pub extended_executes: f64,
     /// Statements prepared (0 once the connection's statement cache is warm).
     pub parses: f64,
-    /// Syncs without a statement: the pool's liveness pings on acquire and release.
+    /// Syncs without a statement: the pool's liveness pings on acquire and release (an
+    /// execution's sync and a parse's are not counted here).
     pub bare_syncs: f64,
 }
 
@@ -229,6 +230,22 @@ pub struct DuplicateLatency {
     pub met: bool,
 }
 
+/// The first quartile, the median and the third quartile of `values` (linear
+/// interpolation; zeros when there are none).
+fn quartiles(values: &[f64]) -> [f64; 3] {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let at = |q: f64| -> f64 {
+        if sorted.is_empty() {
+            return 0.0;
+        }
+        let position = (sorted.len() - 1) as f64 * q;
+        let (low, high) = (position.floor() as usize, position.ceil() as usize);
+        sorted[low] + (sorted[high] - sorted[low]) * (position - low as f64)
+    };
+    [at(0.25), at(0.5), at(0.75)]
+}
+
 /// 1, 2 and 5 times the powers of ten between `low` and `high`: the labels of a log axis.
 fn key_points(low: f64, high: f64) -> Vec<f64> {
     let mut points = Vec::new();
@@ -279,6 +296,17 @@ impl SizeResult {
     }
 }
 
+/// The PgBouncer of the `pgbouncer-*` scenarios, as its admin console shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct PgBouncerInfo {
+    /// `host:port`.
+    pub address: String,
+    /// `SHOW VERSION` (none when the admin console did not answer).
+    pub version: Option<String>,
+    /// The settings of `SHOW CONFIG` that matter here.
+    pub settings: BTreeMap<String, String>,
+}
+
 /// A throughput ratio between two cells, with the goal of the issue where there is one.
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
@@ -286,6 +314,9 @@ pub struct Ratio {
     pub sync: SyncCommit,
     pub concurrency: usize,
     pub value: f64,
+    /// The ratio within each round (cells of one round ran seconds apart).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rounds: Vec<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub goal: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -295,6 +326,9 @@ pub struct Ratio {
 #[derive(Debug, Serialize)]
 pub struct Report {
     pub server_version: String,
+    /// The PgBouncer of the `pgbouncer-*` scenarios.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pgbouncer: Option<PgBouncerInfo>,
     pub cores: usize,
     pub wall_seconds: f64,
     /// The 1-minute load average before and after the run (other processes on the
@@ -313,7 +347,7 @@ pub struct Report {
 /// The ratios that the report prints: (numerator, denominator, goal for a sync setting
 /// and concurrency).
 type Goal = fn(SyncCommit, usize) -> Option<f64>;
-const RATIOS: [(Scenario, Scenario, Goal); 22] = [
+const RATIOS: [(Scenario, Scenario, Goal); 34] = [
     // A new message: >= 0.75x the bare business transaction at c=4 and c=16.
     (Scenario::Idem, Scenario::Bare, |sync, c| {
         (sync == SyncCommit::On && (c == 4 || c == 16)).then_some(0.75)
@@ -365,6 +399,96 @@ const RATIOS: [(Scenario, Scenario, Goal); 22] = [
     // New keys while one key is held by a slow body and its duplicates wait: >= 0.8x the
     // same workload without the busy key.
     (Scenario::BusyKey, Scenario::Idem, |_, _| Some(0.8)),
+    // Through PgBouncer in transaction pooling: idem against the bare transaction through
+    // the same pooler (and `idem/bare` above on a direct connection) ...
+    (Scenario::PgbouncerIdem, Scenario::PgbouncerBare, |_, _| {
+        None
+    }),
+    // ... each through the pooler against the same on a direct connection ...
+    (Scenario::PgbouncerBare, Scenario::Bare, |_, _| None),
+    (Scenario::PgbouncerIdem, Scenario::Idem, |_, _| None),
+    (Scenario::PgbouncerIdemDup, Scenario::IdemDup, |_, _| None),
+    (
+        Scenario::PgbouncerIdemDup,
+        Scenario::PgbouncerIdem,
+        |_, _| None,
+    ),
+    // ... and that split in two: the pooler's SQL (simple queries, unnamed statements) on a
+    // direct connection, and the hop through the pooler with the same SQL.
+    (
+        Scenario::IdemUnprepared,
+        Scenario::BareUnprepared,
+        |_, _| None,
+    ),
+    (Scenario::BareUnprepared, Scenario::Bare, |_, _| None),
+    (Scenario::IdemUnprepared, Scenario::Idem, |_, _| None),
+    (Scenario::PgbouncerBare, Scenario::BareUnprepared, |_, _| {
+        None
+    }),
+    (Scenario::PgbouncerIdem, Scenario::IdemUnprepared, |_, _| {
+        None
+    }),
+    (Scenario::IdemDupUnprepared, Scenario::IdemDup, |_, _| None),
+    (
+        Scenario::PgbouncerIdemDup,
+        Scenario::IdemDupUnprepared,
+        |_, _| None,
+    ),
+];
+
+/// The ratios of the PgBouncer section of the report: (numerator, denominator, label).
+const POOLER_RATIOS: [(Scenario, Scenario, &str); 11] = [
+    (
+        Scenario::PgbouncerIdem,
+        Scenario::PgbouncerBare,
+        "idem/bare through PgBouncer",
+    ),
+    (Scenario::Idem, Scenario::Bare, "idem/bare direct"),
+    (
+        Scenario::PgbouncerBare,
+        Scenario::Bare,
+        "bare: PgBouncer/direct",
+    ),
+    (
+        Scenario::PgbouncerIdem,
+        Scenario::Idem,
+        "idem: PgBouncer/direct",
+    ),
+    (
+        Scenario::PgbouncerIdemDup,
+        Scenario::IdemDup,
+        "idem-dup: PgBouncer/direct",
+    ),
+    (
+        Scenario::BareUnprepared,
+        Scenario::Bare,
+        "bare: unprepared/prepared, direct",
+    ),
+    (
+        Scenario::IdemUnprepared,
+        Scenario::Idem,
+        "idem: Pooler::Transaction/default, direct",
+    ),
+    (
+        Scenario::IdemDupUnprepared,
+        Scenario::IdemDup,
+        "idem-dup: Pooler::Transaction/default, direct",
+    ),
+    (
+        Scenario::PgbouncerBare,
+        Scenario::BareUnprepared,
+        "bare: the hop alone",
+    ),
+    (
+        Scenario::PgbouncerIdem,
+        Scenario::IdemUnprepared,
+        "idem: the hop alone",
+    ),
+    (
+        Scenario::PgbouncerIdemDup,
+        Scenario::IdemDupUnprepared,
+        "idem-dup: the hop alone",
+    ),
 ];
 
 impl Report {
@@ -372,6 +496,7 @@ impl Report {
     pub fn new(
         settings: &Settings,
         server_version: String,
+        pgbouncer: Option<PgBouncerInfo>,
         cells: Vec<CellResult>,
         round_trips: Vec<ProbeResult>,
         sizes: Vec<SizeResult>,
@@ -379,12 +504,13 @@ impl Report {
         wall_seconds: f64,
         load_average: [f64; 2],
     ) -> Self {
-        let rate = |scenario, sync, concurrency| {
+        let find = |scenario, sync, concurrency| {
             cells
                 .iter()
                 .find(|c| c.scenario == scenario && c.sync == sync && c.concurrency == concurrency)
-                .map(|c| c.msgs_per_sec)
         };
+        let rate =
+            |scenario, sync, concurrency| find(scenario, sync, concurrency).map(|c| c.msgs_per_sec);
         let mut ratios = Vec::new();
         for (top, bottom, goal) in RATIOS {
             for &sync in &settings.sync {
@@ -397,11 +523,24 @@ impl Report {
                     ) {
                         let goal = goal(sync, concurrency);
                         let value = a / b;
+                        let rounds = match (
+                            find(top, sync, concurrency),
+                            find(bottom, sync, concurrency),
+                        ) {
+                            (Some(a), Some(b)) => a
+                                .round_msgs_per_sec
+                                .iter()
+                                .zip(&b.round_msgs_per_sec)
+                                .map(|(a, b)| a / b)
+                                .collect(),
+                            _ => Vec::new(),
+                        };
                         ratios.push(Ratio {
                             name: format!("{}/{}", top.name(), bottom.name()),
                             sync,
                             concurrency,
                             value,
+                            rounds,
                             goal,
                             met: goal.map(|g| value >= g),
                         });
@@ -438,6 +577,7 @@ impl Report {
             duplicate_latency,
             memory,
             server_version,
+            pgbouncer,
             cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
             wall_seconds,
             load_average,
@@ -456,7 +596,7 @@ impl Report {
             "Throughput (msg/s; {} round(s) x {} s per cell; p50/p99 latency in ms at the highest concurrency)",
             self.settings.rounds, self.settings.secs
         );
-        let mut header = format!("{:<12} {:<5}", "scenario", "sync");
+        let mut header = format!("{:<19} {:<5}", "scenario", "sync");
         for c in concurrency {
             header += &format!(" {:>9}", format!("c={c}"));
         }
@@ -465,7 +605,7 @@ impl Report {
         let rows: BTreeSet<(SyncCommit, Scenario)> =
             self.cells.iter().map(|c| (c.sync, c.scenario)).collect();
         for (sync, scenario) in rows {
-            let mut line = format!("{:<12} {:<5}", scenario.name(), sync.name());
+            let mut line = format!("{:<19} {:<5}", scenario.name(), sync.name());
             let mut last = None;
             for &c in concurrency {
                 match self
@@ -492,7 +632,7 @@ impl Report {
         if !self.ratios.is_empty() {
             println!();
             println!("Ratios (throughput of the first over the second)");
-            let mut header = format!("{:<24} {:<5}", "ratio", "sync");
+            let mut header = format!("{:<38} {:<5}", "ratio", "sync");
             for c in concurrency {
                 header += &format!(" {:>9}", format!("c={c}"));
             }
@@ -505,7 +645,7 @@ impl Report {
                     continue;
                 }
                 seen.push(key);
-                let mut line = format!("{:<24} {:<5}", ratio.name, ratio.sync.name());
+                let mut line = format!("{:<38} {:<5}", ratio.name, ratio.sync.name());
                 let mut goals = Vec::new();
                 for &c in concurrency {
                     match self.ratios.iter().find(|r| {
@@ -541,6 +681,8 @@ impl Report {
             }
             println!("('!' marks a ratio below its goal)");
         }
+
+        self.print_pooler();
 
         let busy: Vec<&CellResult> = self.cells.iter().filter(|c| !c.busy.is_empty()).collect();
         if !busy.is_empty() {
@@ -616,7 +758,7 @@ impl Report {
                 "Per message at concurrency 1 (wire: counting proxy, after warm-up; db: pg_stat_database of the bench database)"
             );
             println!(
-                "{:<12} {:>6} {:>6} {:>7} {:>6} {:>6} {:>7} {:>6} | {:>7} {:>9} {:>6} {:>6} {:>9}",
+                "{:<19} {:>6} {:>6} {:>7} {:>6} {:>6} {:>7} {:>6} | {:>7} {:>9} {:>6} {:>6} {:>9}",
                 "scenario",
                 "rtrips",
                 "simple",
@@ -646,7 +788,7 @@ impl Report {
                     .filter(|&(_, bare)| bare > 0.0)
                     .map_or_else(|| "-".to_string(), |(us, bare)| format!("{:.2}", us / bare));
                 println!(
-                    "{:<12} {:>6.2} {:>6.2} {:>8.2} {:>6.2} {:>6.2} {:>7} {:>6} | {:>7.2} {:>9.2} {:>6.2} {:>6.2} {:>9.0}",
+                    "{:<19} {:>6.2} {:>6.2} {:>8.2} {:>6.2} {:>6.2} {:>7} {:>6} | {:>7.2} {:>9.2} {:>6.2} {:>6.2} {:>9.0}",
                     probe.scenario.name(),
                     w.round_trips,
                     w.simple_queries,
@@ -728,6 +870,66 @@ impl Report {
                 "warning: the machine was loaded beyond its cores before the run; the figures are noisy"
             );
         }
+    }
+
+    /// The PgBouncer section: the pooler run's ratios at each concurrency, with their
+    /// range over the rounds.
+    fn print_pooler(&self) {
+        if !self.cells.iter().any(|c| c.scenario.through_pgbouncer()) {
+            return;
+        }
+        println!();
+        println!("Through PgBouncer (transaction pooling), synchronous_commit=on");
+        if let Some(pgbouncer) = &self.pgbouncer {
+            let settings: Vec<String> = pgbouncer
+                .settings
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect();
+            println!(
+                "{} at {}: {}",
+                pgbouncer.version.as_deref().unwrap_or("PgBouncer"),
+                pgbouncer.address,
+                settings.join(", ")
+            );
+        }
+        let concurrency = &self.settings.concurrency;
+        let mut header = format!("{:<45}", "ratio");
+        for c in concurrency {
+            header += &format!(" {:>23}", format!("c={c}"));
+        }
+        println!("{header}");
+        for (top, bottom, label) in POOLER_RATIOS {
+            let name = format!("{}/{}", top.name(), bottom.name());
+            let mut line = format!("{label:<45}");
+            let mut any = false;
+            for &c in concurrency {
+                match self
+                    .ratios
+                    .iter()
+                    .find(|r| r.name == name && r.sync == SyncCommit::On && r.concurrency == c)
+                {
+                    Some(r) => {
+                        any = true;
+                        let [q1, median, q3] = quartiles(&r.rounds);
+                        line += &format!(
+                            " {:>23}",
+                            format!("{:.2} m{median:.2} {q1:.2}-{q3:.2}", r.value)
+                        );
+                    }
+                    None => line += &format!(" {:>23}", "-"),
+                }
+            }
+            if any {
+                println!("{line}");
+            }
+        }
+        println!(
+            "(each cell: the ratio over all rounds, m: the median of the rounds' ratios, then their \
+             quartiles; pgbouncer-*: the bench database through PgBouncer; bare and the idem \
+             handler's insert .persistent(false), the handle built with Pooler::Transaction; \
+             unprepared: the same SQL on a direct connection; the hop alone: PgBouncer against that)"
+        );
     }
 
     /// Writes `results.json` and `throughput.svg` into `dir`.

@@ -1,7 +1,7 @@
 //! The scenarios: the same business write (one row into `order_effects`) per message,
 //! bare, through the article's algorithm written by hand, and through `#[idempotent]`
 //! (per message, batched, in lease mode, with and without the Redis cache, next to a busy
-//! key).
+//! key, through PgBouncer in transaction pooling).
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -84,6 +84,23 @@ pub enum Scenario {
     /// takes `--busy-secs` (10 s) and `--busy-duplicates` (100) duplicates of that key are
     /// delivered. `busy-key/idem` is the cost of the busy key to the other keys.
     BusyKey,
+    /// `Bare` with the business insert not prepared for reuse (`.persistent(false)`), on a
+    /// direct connection: the SQL of `pgbouncer-bare` without the pooler in between.
+    BareUnprepared,
+    /// `Idem` with the handle built for a transaction pooler (`Pooler::Transaction`) and the
+    /// handler's insert written with `.persistent(false)`, on a direct connection: the SQL
+    /// of `pgbouncer-idem` without the pooler in between.
+    IdemUnprepared,
+    /// `IdemDup` with the handle built for a transaction pooler, on a direct connection: the
+    /// SQL of `pgbouncer-idem-dup` without the pooler in between.
+    IdemDupUnprepared,
+    /// `BareUnprepared` through PgBouncer in transaction pooling.
+    PgbouncerBare,
+    /// `IdemUnprepared` through PgBouncer in transaction pooling.
+    PgbouncerIdem,
+    /// Duplicates of succeeded keys through PgBouncer in transaction pooling, the handle
+    /// built with `Pooler::Transaction`.
+    PgbouncerIdemDup,
 }
 
 /// How many times the storm scenarios deliver each message.
@@ -99,7 +116,7 @@ impl From<Scenario> for &'static str {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 20] = [
+    pub const ALL: [Scenario; 26] = [
         Scenario::Bare,
         Scenario::Article,
         Scenario::Lean,
@@ -120,14 +137,69 @@ impl Scenario {
         Scenario::StormRedis,
         Scenario::StormRedisDown,
         Scenario::BusyKey,
+        Scenario::BareUnprepared,
+        Scenario::IdemUnprepared,
+        Scenario::IdemDupUnprepared,
+        Scenario::PgbouncerBare,
+        Scenario::PgbouncerIdem,
+        Scenario::PgbouncerIdemDup,
     ];
 
-    /// The scenarios this build can run (the Redis ones need the `redis` feature).
+    /// The scenarios of the `pooler` run: `bare`, `idem` and `idem-dup` through PgBouncer
+    /// in transaction pooling, each next to the same on a direct connection, and the
+    /// pooler's SQL on a direct connection (what the hop alone costs).
+    pub const POOLER_RUN: [Scenario; 9] = [
+        Scenario::Bare,
+        Scenario::Idem,
+        Scenario::IdemDup,
+        Scenario::BareUnprepared,
+        Scenario::IdemUnprepared,
+        Scenario::IdemDupUnprepared,
+        Scenario::PgbouncerBare,
+        Scenario::PgbouncerIdem,
+        Scenario::PgbouncerIdemDup,
+    ];
+
+    /// The scenarios of the default run that this build can run (the Redis ones need the
+    /// `redis` feature; the `pooler` run's own ones are picked by name).
     pub fn available() -> Vec<Scenario> {
         Scenario::ALL
             .into_iter()
             .filter(|s| cfg!(feature = "redis") || !s.redis())
+            .filter(|s| !s.pooler_run_only())
             .collect()
+    }
+
+    /// Part of the `pooler` run only, not of the default run.
+    pub fn pooler_run_only(self) -> bool {
+        matches!(
+            self,
+            Scenario::BareUnprepared
+                | Scenario::IdemUnprepared
+                | Scenario::IdemDupUnprepared
+                | Scenario::PgbouncerBare
+                | Scenario::PgbouncerIdem
+                | Scenario::PgbouncerIdemDup
+        )
+    }
+
+    /// Connects through PgBouncer in transaction pooling (`IDEM_PGBOUNCER_TRANSACTION_URL`).
+    pub fn through_pgbouncer(self) -> bool {
+        matches!(
+            self,
+            Scenario::PgbouncerBare | Scenario::PgbouncerIdem | Scenario::PgbouncerIdemDup
+        )
+    }
+
+    /// The runtime handle is built with `.pooler(Pooler::Transaction)`.
+    pub fn transaction_pooler(self) -> bool {
+        matches!(
+            self,
+            Scenario::IdemUnprepared
+                | Scenario::IdemDupUnprepared
+                | Scenario::PgbouncerIdem
+                | Scenario::PgbouncerIdemDup
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -152,6 +224,12 @@ impl Scenario {
             Scenario::StormRedis => "storm-redis",
             Scenario::StormRedisDown => "storm-redis-down",
             Scenario::BusyKey => "busy-key",
+            Scenario::BareUnprepared => "bare-unprepared",
+            Scenario::IdemUnprepared => "idem-unprepared",
+            Scenario::IdemDupUnprepared => "idem-dup-unprepared",
+            Scenario::PgbouncerBare => "pgbouncer-bare",
+            Scenario::PgbouncerIdem => "pgbouncer-idem",
+            Scenario::PgbouncerIdemDup => "pgbouncer-idem-dup",
         }
     }
 
@@ -201,6 +279,24 @@ impl Scenario {
             Scenario::BusyKey => {
                 "#[idempotent], new message, while one other key is held by a slow body and duplicates of it arrive"
             }
+            Scenario::BareUnprepared => {
+                "bare with the business insert .persistent(false), direct connection"
+            }
+            Scenario::IdemUnprepared => {
+                "#[idempotent], new message, Pooler::Transaction and the body's insert .persistent(false), direct connection"
+            }
+            Scenario::IdemDupUnprepared => {
+                "#[idempotent], Pooler::Transaction, every message a duplicate of a success, direct connection"
+            }
+            Scenario::PgbouncerBare => {
+                "bare with the business insert .persistent(false), through PgBouncer (pool_mode = transaction)"
+            }
+            Scenario::PgbouncerIdem => {
+                "#[idempotent], new message, Pooler::Transaction and the body's insert .persistent(false), through PgBouncer (pool_mode = transaction)"
+            }
+            Scenario::PgbouncerIdemDup => {
+                "#[idempotent], Pooler::Transaction, every message a duplicate of a success, through PgBouncer (pool_mode = transaction)"
+            }
         }
     }
 
@@ -208,7 +304,12 @@ impl Scenario {
     pub fn duplicates(self) -> bool {
         matches!(
             self,
-            Scenario::IdemDup | Scenario::ArticleDup | Scenario::LeanDup | Scenario::IdemDupRedis
+            Scenario::IdemDup
+                | Scenario::ArticleDup
+                | Scenario::LeanDup
+                | Scenario::IdemDupRedis
+                | Scenario::IdemDupUnprepared
+                | Scenario::PgbouncerIdemDup
         )
     }
 
@@ -341,6 +442,20 @@ async fn hold(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Err
     Ok(())
 }
 
+/// `apply` as the README advises behind a transaction pooler: the body's insert is not
+/// prepared for reuse (`.persistent(false)`), so that sqlx caches no statement that idem
+/// would have to close before the transaction ends (a round trip per message).
+#[idempotent(
+    key = "order_id, event_type",
+    scope = "bench_apply",
+    shared_scope = true,
+    store_result = false
+)]
+async fn apply_unprepared(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    insert_effect_unprepared(&mut *tx, event).await?;
+    Ok(())
+}
+
 #[idempotent(key = "order_id, event_type", scope = "bench_apply_result")]
 async fn apply_with_result(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
@@ -357,6 +472,34 @@ async fn bare(pool: &PgPool, event: &OrderEvent) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     insert_effect(&mut tx, event).await?;
     tx.commit().await
+}
+
+/// The bare transaction with the business insert not prepared for reuse. Through PgBouncer
+/// 1.18 in transaction pooling, sqlx's default (a named statement, prepared once per
+/// connection and cached) cannot be used: the next transaction of the same client
+/// connection may run on another server connection, where the statement is missing
+/// (26000) or is another client's of the same name (42P05). PgBouncer 1.21 and later can
+/// track named statements (`max_prepared_statements`); the bench's 1.18 cannot.
+async fn bare_unprepared(pool: &PgPool, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    insert_effect_unprepared(&mut tx, event).await?;
+    tx.commit().await
+}
+
+/// The business write of the per-message scenarios as an unnamed statement: parsed and
+/// described in one round trip, bound and executed in a second one.
+async fn insert_effect_unprepared(
+    conn: &mut PgConnection,
+    event: &OrderEvent,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(INSERT_EFFECT)
+        .bind(&event.order_id)
+        .bind("paid")
+        .bind(event.amount_cents)
+        .persistent(false)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// The business write of the per-message scenarios: one row.
@@ -578,6 +721,23 @@ impl Cell {
                 )?;
             }
             Scenario::Bare => bare(&self.pool, &event).await.map_err(|e| e.to_string())?,
+            Scenario::BareUnprepared | Scenario::PgbouncerBare => {
+                bare_unprepared(&self.pool, &event)
+                    .await
+                    .map_err(|e| e.to_string())?
+            }
+            Scenario::IdemUnprepared
+            | Scenario::IdemDupUnprepared
+            | Scenario::PgbouncerIdem
+            | Scenario::PgbouncerIdemDup => {
+                let outcome = apply_unprepared(&self.idem, &event)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                expect(
+                    matches!(outcome, Outcome::Executed(_)),
+                    !self.scenario.duplicates(),
+                )?;
+            }
             Scenario::Article => expect(article(&self.pool, &event).await?, true)?,
             Scenario::ArticleDup => expect(article(&self.pool, &event).await?, false)?,
             Scenario::Lean => expect(lean(&self.pool, &event).await?, true)?,
@@ -778,6 +938,12 @@ pub async fn populate(
                     .await
                     .map(|_| ())
                     .map_err(|e| e.to_string()),
+                Scenario::IdemDupUnprepared | Scenario::PgbouncerIdemDup => {
+                    apply_unprepared(idem, &event)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                }
                 Scenario::LeanDup => lean(pool, &event).await.map(|_| ()),
                 _ => article(pool, &event).await.map(|_| ()),
             }
