@@ -44,8 +44,8 @@ impl KeyTransaction {
     /// simple query: `BEGIN` and the transaction's settings).
     ///
     /// Cancel-safe: dropped while `begin` is in flight, the transaction it opens is rolled
-    /// back before the connection is reused.
-    /// `pooled`: the pool reaches PostgreSQL through a transaction pooler.
+    /// back before the connection is reused. `pooled`: the pool reaches PostgreSQL through
+    /// a transaction pooler.
     pub(crate) async fn begin(
         pool: &PgPool,
         begin: &str,
