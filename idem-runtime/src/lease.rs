@@ -270,15 +270,29 @@ where
             if let Some(lost) = crate::testing::faults::before_lease_completion(idem) {
                 return Err(Error::Database(lost));
             }
-            let completed = async {
-                let mut tx = idem.bounded_transaction().await?;
-                let completed = statements
-                    .complete_lease(&mut tx, scope, uuid, token, stored.as_ref())
-                    .await?;
-                tx.commit().await?;
-                Ok::<_, sqlx::Error>(completed)
-            }
-            .await;
+            // The effect has happened: a completion that a lost connection or the pooler
+            // cut short is sent again while the lease is this worker's (at most three
+            // times), rather than leaving the key to run again once the lease expires.
+            let mut resent = 0;
+            let completed = loop {
+                let completed = async {
+                    let mut tx = idem.bounded_transaction().await?;
+                    let completed = statements
+                        .complete_lease(&mut tx, scope, uuid, token, stored.as_ref())
+                        .await?;
+                    tx.commit().await?;
+                    Ok::<_, sqlx::Error>(completed)
+                }
+                .await;
+                match completed {
+                    Err(error) if resent < 3 && !transactional::counts_as_attempt(&error) => {
+                        resent += 1;
+                        tracing::debug!(%key, scope, %error, "the lease's completion failed for a reason that is not the message's; sending it again");
+                        tokio::time::sleep(Duration::from_millis(20 << resent)).await;
+                    }
+                    completed => break completed,
+                }
+            };
             match completed {
                 Ok(true) => {
                     cache::remember(idem, cache_policy, scope, key, fingerprint, stored.as_ref())

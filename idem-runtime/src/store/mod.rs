@@ -379,9 +379,12 @@ impl Statements {
                 "UPDATE {table} SET lease_expires_at = now() + $4 * interval '1 millisecond', updated_at = now() \
                  WHERE scope = $1 AND key = $2 AND lease_owner = $3 AND status = 'processing'"
             ),
+            // Also true for this lease's own success recorded already: a completion sent
+            // again after its connection was lost, the first one having committed.
             complete_lease: format!(
                 "UPDATE {table} SET status = 'success', result = $4::text::json, lease_expires_at = NULL, updated_at = now() \
-                 WHERE scope = $1 AND key = $2 AND lease_owner = $3 AND status = 'processing'"
+                 WHERE scope = $1 AND key = $2 AND lease_owner = $3 \
+                   AND (status = 'processing' OR (status = 'success' AND lease_expires_at IS NULL))"
             ),
             // A failure that is not the message's: the lease goes, and so does the attempt
             // its claim counted.

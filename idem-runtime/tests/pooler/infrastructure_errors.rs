@@ -83,6 +83,59 @@ async fn notify(_lease: &idem_runtime::lease::Lease, notice: &Notice) -> Result<
     tx.commit().await.map_err(PaymentError::Store)
 }
 
+/// A lease-mode body whose completion's backend is killed once: after its effect it locks
+/// the key's row from a direct session, and a task of its own ends the backend that then
+/// waits for that lock (the completion's), then lets the lock go.
+pub struct Receipt {
+    pub receipt_id: String,
+    pub direct: sqlx::PgPool,
+    pub effects: AtomicUsize,
+}
+
+#[idempotent(
+    key = "receipt_id",
+    scope = "infra_receipt",
+    mode = "lease",
+    lease = "30s",
+    max_attempts = 2
+)]
+async fn send_receipt(
+    _lease: &idem_runtime::lease::Lease,
+    receipt: &Receipt,
+) -> Result<(), PaymentError> {
+    let first = receipt.effects.fetch_add(1, Ordering::SeqCst) == 0;
+    if first {
+        let mut locker = receipt.direct.begin().await.map_err(PaymentError::Store)?;
+        sqlx::raw_sql("SELECT 1 FROM idem.idem_keys WHERE scope = 'infra_receipt' FOR UPDATE")
+            .execute(&mut *locker)
+            .await
+            .map_err(PaymentError::Store)?;
+        let direct = receipt.direct.clone();
+        tokio::spawn(async move {
+            let locker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *locker)
+                .await
+                .unwrap();
+            loop {
+                let ended: Option<bool> = sqlx::query_scalar(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE $1 = ANY(pg_blocking_pids(pid)) LIMIT 1",
+                )
+                .bind(locker_pid)
+                .fetch_optional(&direct)
+                .await
+                .unwrap();
+                if ended == Some(true) {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            locker.rollback().await.unwrap();
+        });
+    }
+    Ok(())
+}
+
 pub async fn run(route: Route) {
     let database = Database::create(route, "infra").await;
     sqlx::query("CREATE TABLE infra_payments (payment_id text NOT NULL)")
@@ -171,5 +224,25 @@ pub async fn run(route: Route) {
         database.count("SELECT count(*) FROM infra_payments").await,
         2
     );
+
+    // A lease's completion cut short by a killed backend is sent again: the effect once.
+    let receipt = Receipt {
+        receipt_id: "r-1".into(),
+        direct: database.direct.clone(),
+        effects: AtomicUsize::new(0),
+    };
+    let sent = send_receipt(&idem, &receipt).await;
+    assert!(
+        matches!(sent, Ok(Outcome::Executed(()))),
+        "through {}: {sent:?}",
+        route.name()
+    );
+    assert_eq!(receipt.effects.load(Ordering::SeqCst), 1);
+    let key = KeyBuilder::new()
+        .part("receipt_id", "r-1")
+        .unwrap()
+        .finish();
+    let record = idem.record("infra_receipt", key).await.unwrap().unwrap();
+    assert_eq!((record.status, record.attempts), (Status::Success, 1));
     database.drop().await;
 }
