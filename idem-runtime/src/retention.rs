@@ -35,7 +35,10 @@
 //! 1. takes a session-level advisory lock derived from the status table's schema
 //!    (`pg_try_advisory_lock`): one cleaner per status table at a time; a second one
 //!    returns at once with [`PurgeReport::locked_out`] set. Status tables in other schemas
-//!    have their own lock;
+//!    have their own lock. Behind a transaction pooler
+//!    ([`Pooler::Transaction`](crate::Pooler::Transaction)), where no session outlives a
+//!    transaction, each batch takes the same lock for its own transaction
+//!    (`pg_try_advisory_xact_lock`), and a cleaner that finds it taken stops;
 //! 2. deletes in batches of at most [`Retention::batch_size`] rows, each batch in its own
 //!    short transaction with `SET LOCAL statement_timeout`. The rows are picked with
 //!    `FOR UPDATE SKIP LOCKED` and deleted by their row addresses in the same statement
@@ -53,7 +56,8 @@
 //! status change its HOT update.
 //!
 //! The cleanup holds one connection of the handle's pool while it runs, and closes it
-//! afterwards (the advisory lock belongs to the session). Its role needs `DELETE` on the
+//! afterwards (the advisory lock belongs to the session; behind a transaction pooler the
+//! connection goes back to the pool). Its role needs `DELETE` on the
 //! status table, which [`consumer_grants`](crate::privileges::consumer_grants) does not
 //! give: run it under the role that owns the schema (`idem purge`), or grant it
 //! (`GRANT DELETE ON idem.idem_keys TO ...`) to the consumers that start the background
