@@ -36,7 +36,7 @@
 //!    (`pg_try_advisory_lock`): one cleaner per status table at a time; a second one
 //!    returns at once with [`PurgeReport::locked_out`] set. Status tables in other schemas
 //!    have their own lock. Behind a transaction pooler
-//!    ([`Pooler::Transaction`](crate::Pooler::Transaction)), where no session outlives a
+//!    ([`Pooler::Transaction`]), where no session outlives a
 //!    transaction, each batch takes the same lock for its own transaction
 //!    (`pg_try_advisory_xact_lock`), and a cleaner that finds it taken stops;
 //! 2. deletes in batches of at most [`Retention::batch_size`] rows, each batch in its own
