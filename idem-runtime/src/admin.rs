@@ -26,7 +26,7 @@ use sqlx::{FromRow, Row};
 use uuid::Uuid;
 
 use crate::key::{IdempotencyKey, KeyError, KeyPart, key_of};
-use crate::store::Status;
+use crate::store::{Status, Value};
 use crate::{Idem, MIGRATOR};
 
 /// Why an operator's request failed.
@@ -267,6 +267,17 @@ impl KeyFilter {
             .collect()
     }
 
+    /// The values of the filter's clause's parameters `$1` to `$4`; `statuses` is
+    /// [`statuses`](Self::statuses).
+    fn values<'a>(&'a self, statuses: &'a [String]) -> [Value<'a>; 4] {
+        [
+            self.scope.as_deref().into(),
+            self.key.into(),
+            statuses.into(),
+            self.age_ms().into(),
+        ]
+    }
+
     fn age_ms(&self) -> Option<i64> {
         self.older_than
             .map(|age| i64::try_from(age.as_millis()).unwrap_or(i64::MAX))
@@ -343,14 +354,14 @@ pub async fn list_keys(
         .query(
             &statement,
             &[
-                filter.scope.as_deref().into(),
-                filter.key.into(),
-                statuses.as_slice().into(),
-                filter.age_ms().into(),
-                after.map(|cursor| cursor.scope.as_str()).into(),
-                after.map(|cursor| cursor.key).into(),
-                i64::from(limit).into(),
-            ],
+                &filter.values(&statuses)[..],
+                &[
+                    after.map(|cursor| cursor.scope.as_str()).into(),
+                    after.map(|cursor| cursor.key).into(),
+                    i64::from(limit).into(),
+                ],
+            ]
+            .concat(),
         )
         .fetch_all_as(idem.pool())
         .await?)
@@ -418,13 +429,7 @@ async fn change(
         .statements()
         .query(
             &statement,
-            &[
-                filter.scope.as_deref().into(),
-                filter.key.into(),
-                statuses.as_slice().into(),
-                filter.age_ms().into(),
-                dry_run.into(),
-            ],
+            &[&filter.values(&statuses)[..], &[dry_run.into()]].concat(),
         )
         .fetch_all_as(&mut *tx)
         .await?;
