@@ -16,6 +16,8 @@ pub(crate) struct BatchHandler<'a> {
     /// The message type `M`.
     pub(crate) element: &'a Type,
     pub(crate) krate: &'a TokenStream,
+    /// The runtime's private module (`private_module`).
+    pub(crate) private: &'a TokenStream,
     pub(crate) spec: Ident,
     /// `let SPEC: HandlerSpec = ...;`
     pub(crate) spec_item: TokenStream,
@@ -31,6 +33,7 @@ impl BatchHandler<'_> {
             handler,
             element,
             krate,
+            private,
             spec,
             spec_item,
             derive,
@@ -42,7 +45,6 @@ impl BatchHandler<'_> {
             sig,
             block,
         } = item;
-        let private = quote!(#krate::__private_v0_1);
         let output = handler.output;
         let [idem, messages, new, transaction, result] = [
             "idem",

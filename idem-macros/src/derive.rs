@@ -6,10 +6,7 @@ use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields, LitStr, Path, parse_quote};
 
 pub fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
-    let private = match krate(input)? {
-        Some(path) => quote!(#path::__private_v0_1),
-        None => quote!(::idem_runtime::__private_v0_1),
-    };
+    let private = crate::private_module(krate(input)?.as_ref());
     let body = match &input.data {
         Data::Struct(data) => {
             let bindings = bindings(&data.fields);

@@ -1,5 +1,5 @@
 //! Code generation of `#[idempotent]`: the rewritten handler derives its key and calls
-//! `idem_runtime::__private_v0_1::run_transactional` (or `run_lease`, `run_batch`) with its body
+//! `run_transactional` of the runtime's private module (`private_module`) (or `run_lease`, `run_batch`) with its body
 //! as a closure. The arguments come parsed (`parse`) and checked against the signature
 //! (`validate`).
 
@@ -24,7 +24,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
         .krate
         .as_ref()
         .map_or_else(|| quote!(::idem_runtime), ToTokens::to_token_stream);
-    let private = quote!(#krate::__private_v0_1);
+    let private = crate::private_module(args.krate.as_ref());
     let idem = Ident::new("idem", Span::mixed_site());
     let message = &handler.message;
 
@@ -113,6 +113,7 @@ pub fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<syn::Err
             handler: &handler,
             element,
             krate: &krate,
+            private: &private,
             spec,
             spec_item,
             derive,

@@ -2,7 +2,8 @@
 //!
 //! Use them through `idem_runtime`, which re-exports both and documents them; this crate
 //! only parses (`parse`), checks (`validate`) and generates code (`generate`,
-//! `batch_handler`, `derive`) that calls `idem_runtime::__private_v0_1`.
+//! `batch_handler`, `derive`) that calls the runtime's versioned private module
+//! ([`private_module`]).
 
 mod batch_handler;
 mod derive;
@@ -11,7 +12,24 @@ mod parse;
 mod validate;
 
 use proc_macro::TokenStream;
-use quote::ToTokens;
+use quote::{ToTokens, quote};
+
+/// The path of the module of the runtime that generated code calls:
+/// `<krate>::__private_v<version>`, with `krate` the runtime's path (`::idem_runtime`
+/// unless renamed). idem-runtime's build.rs derives the same name from its version, and
+/// the workspace pins this crate to that version with `=`: generated code never meets a
+/// runtime of another version. The only place the name is written.
+pub(crate) fn private_module(krate: Option<&syn::Path>) -> proc_macro2::TokenStream {
+    let name: String = concat!("__private_v", env!("CARGO_PKG_VERSION"))
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    let name = proc_macro2::Ident::new(&name, proc_macro2::Span::call_site());
+    match krate {
+        Some(krate) => quote!(#krate::#name),
+        None => quote!(::idem_runtime::#name),
+    }
+}
 
 /// Makes an async handler idempotent over PostgreSQL. See `idem_runtime` for the arguments,
 /// the generated code and the guarantees.

@@ -10,7 +10,7 @@
 //! [`key_identifies_a_fact`] requires the result to be `Identifies`.
 //!
 //! ```ignore
-//! use idem_runtime::__private_v0_1::identifies::*;
+//! use idem_runtime::__private_v0_1_0::identifies::*;
 //! key_identifies_a_fact(Or::or(
 //!     (&&&Probe(&event.order_id)).key_part_class(),
 //!     (&&&Probe(&event.created_at)).key_part_class(),

@@ -3,7 +3,7 @@
 //!
 //! Cargo refuses a second, renamed dependency on `idem-runtime` in the same package, so
 //! this case renames it the way the compiler sees it: `::idem_runtime` is made to name
-//! this crate itself (which has no `__private_v0_1`), and the runtime is reachable only as `idem`.
+//! this crate itself (which has no private module of the runtime), and the runtime is reachable only as `idem`.
 extern crate idem_runtime as idem;
 extern crate self as idem_runtime;
 
