@@ -6,7 +6,7 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::Idem;
+use idem_runtime::{ErrorChain, Idem};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use tracing::Instrument;
@@ -15,7 +15,7 @@ use crate::builder::{ConsumerBuilder, Settings};
 use crate::context::GroupContext;
 use crate::dead_letter;
 use crate::delivery::Delivery;
-use crate::error::{ConsumerError, error_chain};
+use crate::error::ConsumerError;
 use crate::fate::{Fate, Reason};
 use crate::handler::Handler;
 use crate::offset_store::OffsetStore;
@@ -471,7 +471,7 @@ impl<H: Handler> Consumer<H> {
             Err(db) => Fate::retry(format_args!(
                 "dead-lettering the message failed ({}): {}",
                 reason.as_str(),
-                error_chain(&db)
+                ErrorChain(&db)
             )),
         }
     }

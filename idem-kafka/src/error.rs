@@ -1,4 +1,4 @@
-//! Why a consumer could not start or stop, and the error texts it records.
+//! Why a consumer could not start or stop.
 
 use rdkafka::error::KafkaError;
 
@@ -22,20 +22,4 @@ pub enum ConsumerError {
     /// The consumer's closing task failed.
     #[error("closing the consumer failed: {0}")]
     Close(#[from] tokio::task::JoinError),
-}
-
-/// The error and its sources, `: `-separated; a source whose text the message already
-/// shows is not repeated.
-pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(error) = source {
-        let more = error.to_string();
-        if !text.contains(&more) {
-            text.push_str(": ");
-            text.push_str(&more);
-        }
-        source = error.source();
-    }
-    text
 }

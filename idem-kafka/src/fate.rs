@@ -3,9 +3,7 @@
 
 use std::fmt;
 
-use idem_runtime::{Disposition, Outcome};
-
-use crate::error::error_chain;
+use idem_runtime::{Disposition, ErrorChain, Outcome};
 
 /// What became of one message, as its handler decides and as the consumer routes it.
 ///
@@ -57,17 +55,17 @@ impl Fate {
             Err(error) => match error.disposition() {
                 Disposition::DeadLetter => Fate::DeadLetter {
                     reason: Reason::of(&error),
-                    error: error_chain(&error),
+                    error: ErrorChain(&error).to_string(),
                 },
                 Disposition::Retry => Fate::Retry {
                     in_progress: matches!(error, idem_runtime::Error::InProgress { .. }),
-                    error: error_chain(&error),
+                    error: ErrorChain(&error).to_string(),
                 },
                 _ => {
-                    tracing::error!(error = %error_chain(&error), "the handler cannot run: fix the deployment");
+                    tracing::error!(error = %ErrorChain(&error), "the handler cannot run: fix the deployment");
                     Fate::Retry {
                         in_progress: false,
-                        error: error_chain(&error),
+                        error: ErrorChain(&error).to_string(),
                     }
                 }
             },

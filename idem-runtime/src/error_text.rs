@@ -1,6 +1,7 @@
 //! The texts of failures as the status table records them (`last_error`): the error's
-//! chain or only its kind, without NUL characters and bounded in length; and which
-//! database errors are transient.
+//! chain ([`ErrorChain`], public: idem-kafka flattens its errors with it too) or only its
+//! kind, without NUL characters and bounded in length; and which database errors are
+//! transient.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -15,7 +16,7 @@ pub(crate) const MAX_ERROR_TEXT: usize = 2048;
 /// (which PostgreSQL's text refuses) replaced by U+FFFD, and at most [`MAX_ERROR_TEXT`]
 /// bytes.
 pub(crate) fn error_chain(error: &(dyn StdError + 'static)) -> String {
-    storable_text(&full_chain(error))
+    storable_text(&ErrorChain(error).to_string())
 }
 
 /// What `last_error` records of `error` under `texts`.
@@ -58,27 +59,44 @@ pub(crate) fn storable_text(text: &str) -> String {
     text
 }
 
-fn full_chain(error: &(dyn StdError + 'static)) -> String {
-    struct Chain<'a>(&'a (dyn StdError + 'static));
-    impl fmt::Display for Chain<'_> {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            // A source whose text its error already shows (sqlx's database errors do)
-            // is written once.
-            let mut shown = self.0.to_string();
-            f.write_str(&shown)?;
-            let mut source = self.0.source();
-            while let Some(error) = source {
-                let text = error.to_string();
-                if !shown.ends_with(&text) {
-                    write!(f, ": {text}")?;
-                }
-                shown = text;
-                source = error.source();
+/// An error and its sources on one line, `: `-separated: the one way idem and idem-kafka
+/// flatten an error's chain into a text (a key's `last_error`, a dead letter's `error`).
+///
+/// A source whose text the error before it already ends with is written once: sqlx's
+/// database errors, and wrappers such as `#[error("insert failed: {0}")]`, show their
+/// source's text themselves.
+///
+/// ```
+/// # #[derive(Debug)] struct Wrapped(std::io::Error);
+/// # impl std::fmt::Display for Wrapped {
+/// #     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("reading the file") }
+/// # }
+/// # impl std::error::Error for Wrapped {
+/// #     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> { Some(&self.0) }
+/// # }
+/// use idem_runtime::ErrorChain;
+///
+/// let error = Wrapped(std::io::Error::other("disk full"));
+/// assert_eq!(ErrorChain(&error).to_string(), "reading the file: disk full");
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorChain<'a>(pub &'a (dyn StdError + 'static));
+
+impl fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut source = self.0.source();
+        while let Some(error) = source {
+            let text = error.to_string();
+            if !shown.ends_with(&text) {
+                write!(f, ": {text}")?;
             }
-            Ok(())
+            shown = text;
+            source = error.source();
         }
+        Ok(())
     }
-    Chain(error).to_string()
 }
 
 /// Whether `error` or one of its sources is a PostgreSQL serialization failure (`40001`)
@@ -98,7 +116,7 @@ pub(crate) fn is_transient(error: &(dyn StdError + 'static)) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::full_chain;
+    use super::ErrorChain;
     use std::{error::Error as StdError, fmt};
 
     #[derive(Debug)]
@@ -114,6 +132,10 @@ mod tests {
         fn source(&self) -> Option<&(dyn StdError + 'static)> {
             self.1.as_deref().map(|layer| layer as _)
         }
+    }
+
+    fn full_chain(error: &(dyn StdError + 'static)) -> String {
+        ErrorChain(error).to_string()
     }
 
     #[test]

@@ -219,6 +219,7 @@ pub mod testing;
 pub mod transactional;
 
 pub use config::{Config, ConfigError, ErrorTexts, Pooler};
+pub use error_text::ErrorChain;
 pub use handle::{Idem, IdemBuilder, MIGRATOR};
 pub use idem_macros::{KeyPart, idempotent};
 pub use key::{IdempotencyKey, KeyError};
