@@ -140,7 +140,7 @@ struct FilterArgs {
     scope: Option<String>,
     /// Only this status (processing, success, failed, parked); repeat for several.
     #[arg(long = "status", value_name = "STATUS", value_parser = parse_status)]
-    statuses: Vec<idem_runtime::store::Status>,
+    statuses: Vec<idem_runtime::Status>,
     /// Only keys last changed longer ago than this (`90s`, `15m`, `2h`, `7d`).
     #[arg(long, value_name = "AGE", value_parser = parse_duration)]
     older_than: Option<Duration>,
@@ -248,7 +248,7 @@ impl From<sqlx::Error> for Failure {
     }
 }
 
-fn parse_status(text: &str) -> Result<idem_runtime::store::Status, String> {
+fn parse_status(text: &str) -> Result<idem_runtime::Status, String> {
     admin::parse_status(text).ok_or_else(|| {
         format!("unknown status {text:?}: use processing, success, failed or parked")
     })

@@ -61,14 +61,6 @@ impl Schema {
     pub fn as_str(&self) -> &str {
         &self.name
     }
-
-    pub(crate) fn offsets(&self) -> String {
-        format!("{}.kafka_offsets", self.name)
-    }
-
-    pub(crate) fn dead_letters(&self) -> String {
-        format!("{}.kafka_dead_letters", self.name)
-    }
 }
 
 /// Creates the schema if needed and applies idem-kafka's migrations in it, as
@@ -78,5 +70,5 @@ impl Schema {
 pub async fn migrate(idem: &Idem, schema: &Schema) -> Result<(), ConsumerError> {
     let name = Identifier::new(schema.as_str())
         .map_err(|error| ConsumerError::Config(error.to_string()))?;
-    Ok(idem_runtime::store::migrate_schema(idem.pool(), &name, &MIGRATOR).await?)
+    Ok(idem_runtime::migrations::migrate_schema(idem.pool(), &name, &MIGRATOR).await?)
 }

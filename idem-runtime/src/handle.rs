@@ -165,11 +165,11 @@ impl Idem {
 
     /// The transaction of a claim: a connection from the pool inside a transaction whose
     /// lock waits are bounded by the lock timeout (one round trip), ended by idem's own
-    /// statements. Cancel-safe: see [`KeyTransaction`](crate::transactional::KeyTransaction).
+    /// statements. Cancel-safe: see [`KeyTransaction`](crate::key_transaction::KeyTransaction).
     pub(crate) async fn key_transaction(
         &self,
-    ) -> Result<crate::transactional::KeyTransaction, sqlx::Error> {
-        crate::transactional::KeyTransaction::begin(
+    ) -> Result<crate::key_transaction::KeyTransaction, sqlx::Error> {
+        crate::key_transaction::KeyTransaction::begin(
             self.pool(),
             &self.statements().begin,
             self.config().pooler() == crate::config::Pooler::Transaction,
@@ -219,7 +219,7 @@ impl Idem {
     /// session or transaction pooling: the migrations run in one transaction under a
     /// transaction-scoped advisory lock and are tracked in the schema's own
     /// `_sqlx_migrations` table, apart from the application's migrations (see
-    /// [`migrate_schema`](crate::store::migrate_schema)).
+    /// [`migrate_schema`](crate::migrations::migrate_schema)).
     pub async fn migrate(&self) -> Result<(), MigrateError> {
         crate::store::migrate_schema(self.pool(), self.config().schema(), &MIGRATOR).await
     }

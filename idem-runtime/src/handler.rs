@@ -1,25 +1,18 @@
-//! What `#[idempotent]` tells the runtime about a handler.
+//! What `#[idempotent]` tells the runtime about a handler: its spec, how its result is
+//! kept, and the bounds its generated code puts on the handler's types.
+//!
+//! A leaf of the crate: nothing here reads or writes the database. Generated code reaches
+//! these items through the private module (see `private.rs`); none is a public API.
 
 use std::time::Duration;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::cache::CachePolicy;
 use crate::outcome::HandlerResult;
 
 /// The static description of one idempotent handler: what `#[idempotent]` passes to the
-/// runners, or what a handler written without the attribute builds with [`HandlerSpec::new`].
-///
-/// ```
-/// use std::time::Duration;
-/// use idem_runtime::handler::HandlerSpec;
-///
-/// const SPEC: HandlerSpec = HandlerSpec::new("billing::apply_payment")
-///     .max_attempts(3)
-///     .declared_in(module_path!());
-/// assert_eq!(SPEC.scope, "billing::apply_payment");
-/// ```
+/// runners (a `const` built with [`HandlerSpec::new`] and the setters).
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct HandlerSpec {
@@ -29,7 +22,7 @@ pub struct HandlerSpec {
     pub max_attempts: Option<u32>,
     /// How the handler uses the handle's Redis cache (feature `redis`).
     pub cache: CachePolicy,
-    /// Lease mode: how long a claim holds the key (default 30 s).
+    /// Lease mode: how long a claim holds the key; `None`: [`DEFAULT_LEASE`].
     pub lease: Option<Duration>,
     /// Whether other handlers may use the same scope on purpose (`shared_scope = true`).
     /// Without it, two handlers using one scope are refused with
@@ -102,8 +95,68 @@ impl HandlerSpec {
     }
 }
 
-/// The lease of a lease-mode handler that does not set one.
+/// The lease of a lease-mode handler that does not set one (`lease = "..."`). The one
+/// default: the attribute passes no lease when none is written.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// How one handler uses the runtime handle's Redis cache.
+///
+/// `#[idempotent]` leaves the spec at [`CachePolicy::Inherit`] unless the handler says
+/// otherwise with `cache = false` ([`CachePolicy::Off`]) or `cache_ttl = "..."`
+/// ([`CachePolicy::Ttl`]). Without a cache on the handle, every policy means "no cache".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CachePolicy {
+    /// Use the handle's cache, with its TTL.
+    #[default]
+    Inherit,
+    /// Neither read nor write the cache for this handler.
+    Off,
+    /// Use the handle's cache, with this TTL for this handler's entries.
+    Ttl(Duration),
+}
+
+/// A handler-level cache argument of `#[idempotent]`. Implemented only with the `redis`
+/// feature, so that using such an argument without it is a compile error naming it.
+#[diagnostic::on_unimplemented(
+    message = "`cache` and `cache_ttl` in #[idempotent] need the `redis` feature of idem-runtime",
+    label = "this argument configures the Redis cache of duplicates",
+    note = "enable the feature in Cargo.toml: `idem-runtime = {{ version = \"0.1\", features = [\"redis\"] }}`, or remove the argument"
+)]
+pub trait HandlerCacheOption {
+    /// The policy the argument stands for.
+    fn policy(self) -> CachePolicy;
+}
+
+/// `cache = true | false`.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheSwitch(pub bool);
+
+/// `cache_ttl = "..."`, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheTtlMillis(pub u64);
+
+#[cfg(feature = "redis")]
+impl HandlerCacheOption for CacheSwitch {
+    fn policy(self) -> CachePolicy {
+        if self.0 {
+            CachePolicy::Inherit
+        } else {
+            CachePolicy::Off
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl HandlerCacheOption for CacheTtlMillis {
+    fn policy(self) -> CachePolicy {
+        CachePolicy::Ttl(Duration::from_millis(self.0))
+    }
+}
+
+/// The policy of a handler-level cache argument (what `#[idempotent]` generates a call of).
+pub fn handler_cache<O: HandlerCacheOption>(option: O) -> CachePolicy {
+    option.policy()
+}
 
 /// How a handler's result is kept for replay to duplicates.
 #[diagnostic::on_unimplemented(

@@ -42,27 +42,23 @@
 //!
 //! # What the attribute generates
 //!
-//! The handler above is equivalent to this code written without the attribute:
+//! The handler above becomes, in outline (the real expansion names its items through
+//! `idem_runtime::__private_v<version>`, a hidden module that is not a public API: see
+//! [Semver](#semver)):
 //!
-//! ```no_run
-//! # use idem_runtime::{Idem, Outcome, Error, key::KeyBuilder, handler::{HandlerSpec, JsonResult}};
-//! # use sqlx::PgConnection;
-//! # struct OrderEvent { order_id: String, event_type: String, amount_cents: i64 }
-//! # #[derive(serde::Serialize, serde::Deserialize)] struct Receipt { payment_id: i64 }
+//! ```text
 //! async fn apply_payment(idem: &Idem, event: &OrderEvent) -> Result<Outcome<Receipt>, Error<sqlx::Error>> {
-//!     let spec = HandlerSpec::new(concat!(module_path!(), "::apply_payment"))
+//!     const SPEC: HandlerSpec = HandlerSpec::new(concat!(module_path!(), "::apply_payment"))
 //!         .declared_in(module_path!());
-//!     let key = KeyBuilder::new()
+//!     let key = KeyBuilder::new()                       // the key's fields, in order
 //!         .part("order_id", &event.order_id)?
 //!         .part("event_type", &event.event_type)?
 //!         .finish();
 //!     let fingerprint = KeyBuilder::fingerprint().part("amount_cents", &event.amount_cents)?.digest();
-//!     idem_runtime::transactional::run(idem, &spec, key, Some(fingerprint), JsonResult, move |mut transaction| async move {
+//!     run_transactional(idem, &SPEC, key, Some(fingerprint), JsonResult, move |mut transaction| async move {
 //!         let result = {
 //!             let tx: &mut PgConnection = &mut *transaction;
-//!             // the original body, unchanged
-//!             # let _ = tx; let result: Result<Receipt, sqlx::Error> = todo!();
-//!             # result
+//!             /* the original body, unchanged */
 //!         };
 //!         (transaction, result)
 //!     })
@@ -79,18 +75,18 @@
 //!   the transaction's connection, and may run again after a serialization failure or a
 //!   deadlock rolled an earlier run back (and, in a batch, again on its own after another
 //!   message failed). Each run takes its own clone of the parameters taken by value (an
-//!   owned message, `limits: Limits`): they must be `Clone` (the compile error says why,
-//!   see [`handler::ClonedForEachRun`]), and the body may move out of its copy. A
-//!   lease-mode body runs once and takes its parameters as they are.
+//!   owned message, `limits: Limits`): they must be `Clone` (the compile error says why),
+//!   and the body may move out of its copy. A lease-mode body runs once and takes its
+//!   parameters as they are.
 //! - The key is also checked at compile time to hold a field that is not a timestamp
 //!   (see [`key`](key#keys-made-only-of-timestamps)).
 //! - With `mode = "lease"` the handler takes an optional `lease: &Lease` guard instead of
-//!   the connection and calls [`lease::run`]; with `batch = true` a second function
-//!   `<handler>_batch(&Idem, &[Message], ...)` calls [`batch::run`], which runs the body
-//!   once per new message of the batch.
+//!   the connection and runs the [`lease`] protocol; with `batch = true` a second
+//!   function `<handler>_batch(&Idem, &[Message], ...)` returns
+//!   [`BatchOutcomes`](batch::BatchOutcomes) and runs the body once per new message of
+//!   the batch (see [`batch`]).
 //! - A handler whose message parameter is a slice of references, `&[&Message]`, is a
-//!   *batch handler* (below): it becomes `handler(&Idem, &[Message], ...)` and calls
-//!   [`batch::run_bulk`].
+//!   *batch handler* (below): it becomes `handler(&Idem, &[Message], ...)`.
 //!
 //! # Batch handlers
 //!
@@ -193,6 +189,31 @@
 //!   only committed successes are cached, and Redis being down or slow only sends
 //!   deliveries back to PostgreSQL: see [`cache`].
 
+//!
+//! # Semver
+//!
+//! From 1.0, a minor or patch release keeps working what this covers:
+//!
+//! - the items these docs show: the root's re-exports and the public modules (`admin`,
+//!   `batch`, `cache`, `config`, `key`, `lease`, `migrations`, `privileges`, `retention`,
+//!   `scope`, `telemetry`, and `testing` with its feature), their types, functions and
+//!   documented behaviour;
+//! - the arguments of `#[idempotent]` and `#[derive(KeyPart)]`, and the signatures of the
+//!   functions they generate (the handler taking `&Idem`, returning
+//!   [`Handled`]; `<handler>_batch` returning [`BatchOutcomes`](batch::BatchOutcomes));
+//! - the key encoding ([`key`]: a message keyed today gets the same key from every later
+//!   1.x), the status table's stored format and its migrations ([`MIGRATOR`]): a release
+//!   only adds migrations, which [`Idem::migrate`] applies, and reads what earlier
+//!   releases wrote;
+//! - the metric names and labels listed in [`telemetry`] (labels may be added).
+//!
+//! Not covered: `idem_runtime::__private_v<version>`, the hidden module that generated
+//! code refers to (its name changes with every release, and idem-macros is pinned to the
+//! runtime's version, so generated code always meets its own); the text of error messages
+//! and logs; how the [`testing`] kit arranges its faults inside the runtime (the
+//! [`Fault`](testing::Fault)s and what they do to a delivery are covered). `redis`, with
+//! the feature, is a public dependency: see [`cache::redis`](cache).
+
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admin;
@@ -202,21 +223,23 @@ pub mod config;
 mod duplicate_rate;
 mod error_text;
 mod handle;
-pub mod handler;
+mod handler;
 mod inflight;
 pub mod key;
 mod key_transaction;
 pub mod lease;
+pub mod migrations;
 mod outcome;
+mod private;
 pub mod privileges;
 pub mod retention;
 pub mod scope;
-pub mod store;
+mod store;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
-pub mod transactional;
+mod transactional;
 
 pub use config::{Config, ConfigError, ErrorTexts, Pooler};
 pub use error_text::ErrorChain;
@@ -224,8 +247,7 @@ pub use handle::{Idem, IdemBuilder, MIGRATOR};
 pub use idem_macros::{KeyPart, idempotent};
 pub use key::{IdempotencyKey, KeyError};
 pub use outcome::{Disposition, Error, Handled, HandlerError, HandlerResult, Outcome};
-
-mod private;
+pub use store::{KeyRecord, Status};
 
 // `#[doc(hidden)] pub mod __private_v<version>`: what the code generated by `#[idempotent]`
 // and `#[derive(KeyPart)]` refers to, under a name that build.rs derives from this

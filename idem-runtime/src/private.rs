@@ -2,13 +2,15 @@
 //! nothing else. Reachable from outside only as `idem_runtime::__private_v<version>` (see
 //! build.rs): not a public API, its items change in any release.
 
-pub use crate::batch::{run as run_batch, run_bulk as run_batch_handler};
-pub use crate::cache::{CacheSwitch, CacheTtlMillis, handler_cache};
-pub use crate::handler::{HandlerSpec, JsonResult, NoResult, clone_for_run};
-pub use crate::key::{
-    KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart, identifies,
+pub mod identifies;
+
+pub use crate::batch::protocol::{run as run_batch, run_bulk as run_batch_handler};
+pub use crate::handler::{
+    CacheSwitch, CacheTtlMillis, HandlerSpec, JsonResult, NoResult, clone_for_run, handler_cache,
 };
-pub use crate::lease::{Lease, run as run_lease};
+pub use crate::key::{KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart};
+pub use crate::lease::Lease;
+pub use crate::lease::protocol::run as run_lease;
 pub use crate::transactional::run as run_transactional;
 pub use crate::{Error, Handled, HandlerResult, Idem, IdempotencyKey, Outcome};
 pub use sqlx::PgConnection;

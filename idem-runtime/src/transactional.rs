@@ -49,7 +49,7 @@ use crate::config::ErrorTexts;
 use crate::error_text::{error_kind, failure_text, is_transient, storable_text};
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
-pub use crate::key_transaction::KeyTransaction;
+use crate::key_transaction::KeyTransaction;
 use crate::key_transaction::is_no_transaction;
 use crate::outcome::{Error, HandlerError, Outcome};
 use crate::scope;
@@ -65,27 +65,8 @@ use crate::telemetry::{self, Mode, Timer};
 ///
 /// `body` receives the open transaction and hands it back with its result; it must not
 /// commit or roll it back, nor begin a transaction of its own on it (see
-/// [`KeyTransaction`]). It may run more than once when PostgreSQL reports a
+/// `KeyTransaction`). It may run more than once when PostgreSQL reports a
 /// serialization failure or a deadlock: each earlier run was rolled back as a whole.
-///
-/// ```no_run
-/// use idem_runtime::{Idem, Outcome, handler::{HandlerSpec, NoResult}, key::KeyBuilder};
-///
-/// # async fn deliver(idem: &Idem, order_id: &str) -> Result<(), Box<dyn std::error::Error>> {
-/// const SPEC: HandlerSpec = HandlerSpec::new("shipping::ship_order");
-/// let key = KeyBuilder::new().part("order_id", order_id)?.finish();
-/// let outcome = idem_runtime::transactional::run(idem, &SPEC, key, None, NoResult, |mut tx| async move {
-///     let result = sqlx::query("UPDATE orders SET shipped = true WHERE id = $1")
-///         .bind(order_id)
-///         .execute(&mut *tx)
-///         .await
-///         .map(|_| ());
-///     (tx, result)
-/// })
-/// .await?;
-/// assert!(matches!(outcome, Outcome::Executed(()) | Outcome::Duplicate(None)));
-/// # Ok(()) }
-/// ```
 pub async fn run<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,

@@ -7,9 +7,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use idem_runtime::Status;
 use idem_runtime::key::KeyBuilder;
 use idem_runtime::retention::Retention;
-use idem_runtime::store::Status;
 use idem_runtime::{Error, Idem, IdempotencyKey, idempotent};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use sqlx::{PgConnection, PgPool};

@@ -42,73 +42,10 @@
 use std::time::Duration;
 
 use crate::Idem;
-use crate::handler::ResultCodec;
+use crate::handler::{CachePolicy, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::outcome::Outcome;
 use crate::store::Existing;
-
-/// How one handler uses the runtime handle's Redis cache.
-///
-/// `#[idempotent]` passes [`CachePolicy::Inherit`] unless the handler says otherwise with
-/// `cache = false` ([`CachePolicy::Off`]) or `cache_ttl = "..."` ([`CachePolicy::Ttl`]).
-/// Without a cache on the handle, every policy means "no cache".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum CachePolicy {
-    /// Use the handle's cache, with its TTL.
-    #[default]
-    Inherit,
-    /// Neither read nor write the cache for this handler.
-    Off,
-    /// Use the handle's cache, with this TTL for this handler's entries.
-    Ttl(Duration),
-}
-
-/// A handler-level cache argument of `#[idempotent]`. Implemented only with the `redis`
-/// feature, so that using such an argument without it is a compile error naming it.
-#[doc(hidden)]
-#[diagnostic::on_unimplemented(
-    message = "`cache` and `cache_ttl` in #[idempotent] need the `redis` feature of idem-runtime",
-    label = "this argument configures the Redis cache of duplicates",
-    note = "enable the feature in Cargo.toml: `idem-runtime = {{ version = \"0.1\", features = [\"redis\"] }}`, or remove the argument"
-)]
-pub trait HandlerCacheOption {
-    /// The policy the argument stands for.
-    fn policy(self) -> CachePolicy;
-}
-
-/// `cache = true | false`.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy)]
-pub struct CacheSwitch(pub bool);
-
-/// `cache_ttl = "..."`, in milliseconds.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy)]
-pub struct CacheTtlMillis(pub u64);
-
-#[cfg(feature = "redis")]
-impl HandlerCacheOption for CacheSwitch {
-    fn policy(self) -> CachePolicy {
-        if self.0 {
-            CachePolicy::Inherit
-        } else {
-            CachePolicy::Off
-        }
-    }
-}
-
-#[cfg(feature = "redis")]
-impl HandlerCacheOption for CacheTtlMillis {
-    fn policy(self) -> CachePolicy {
-        CachePolicy::Ttl(Duration::from_millis(self.0))
-    }
-}
-
-/// The policy of a handler-level cache argument (what `#[idempotent]` generates a call of).
-#[doc(hidden)]
-pub fn handler_cache<O: HandlerCacheOption>(option: O) -> CachePolicy {
-    option.policy()
-}
 
 /// The cache of a runtime handle, if one is set up.
 #[derive(Debug, Default, Clone)]
@@ -218,8 +155,11 @@ pub use client::CacheStats;
 #[cfg(feature = "redis")]
 pub use settings::RedisCache;
 
-/// The `redis` crate, as idem-runtime uses it (to build a [`RedisCache`] from a client or
-/// connection manager of the same version).
+/// The `redis` crate, as idem-runtime uses it: a public dependency, since
+/// [`RedisCache::new`], [`RedisCache::with_manager`] and [`RedisCache::from_url`] take and
+/// return its types. Build the client or connection manager with this re-export (or with
+/// the same major version of `redis`); a major upgrade of `redis` is a major release of
+/// idem-runtime.
 #[cfg(feature = "redis")]
 pub use redis;
 

@@ -509,8 +509,6 @@ impl<T: KeyPart> KeyPart for Vec<T> {
 }
 impl<T: SoleKeyPart> SoleKeyPart for Vec<T> {}
 
-pub mod identifies;
-
 mod chrono_parts {
     use super::{KeyEncoder, KeyPart, MissingValue, SoleKeyPart};
     use chrono::{DateTime, Datelike, NaiveDate, NaiveDateTime, TimeZone};

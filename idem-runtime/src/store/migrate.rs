@@ -33,7 +33,7 @@ use crate::config::Identifier;
 /// # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// use idem_runtime::config::Identifier;
 /// static APP: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
-/// idem_runtime::store::migrate_schema(&pool, &Identifier::new("app_events")?, &APP).await?;
+/// idem_runtime::migrations::migrate_schema(&pool, &Identifier::new("app_events")?, &APP).await?;
 /// # Ok(()) }
 /// ```
 pub async fn migrate_schema(

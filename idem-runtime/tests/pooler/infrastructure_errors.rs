@@ -7,8 +7,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use idem_runtime::Status;
 use idem_runtime::key::KeyBuilder;
-use idem_runtime::store::Status;
 use idem_runtime::{Error, Outcome, idempotent};
 use sqlx::PgConnection;
 

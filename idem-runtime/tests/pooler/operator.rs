@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use idem_runtime::Status;
 use idem_runtime::admin::{self, KeyFilter};
 use idem_runtime::key::KeyBuilder;
 use idem_runtime::retention::Retention;
-use idem_runtime::store::Status;
 use idem_runtime::{Outcome, idempotent};
 use sqlx::PgConnection;
 

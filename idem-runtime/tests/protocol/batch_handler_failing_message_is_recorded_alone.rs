@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use crate::support::orders::OrderEvent;
 use crate::support::testing;
 use batch_handler_support::{Calls, effects, ids, insert_all};
-use idem_runtime::store::Status;
+use idem_runtime::Status;
 use idem_runtime::{Disposition, Error, Outcome, idempotent, key::KeyBuilder};
 use sqlx::{PgConnection, PgPool};
 

@@ -1,7 +1,7 @@
 //! A failing handler leaves no business effect, records `failed` with the error text and the attempts, and a later delivery succeeds.
 use crate::support::orders::OrderEvent;
 use crate::support::testing;
-use idem_runtime::store::Status;
+use idem_runtime::Status;
 use idem_runtime::{Disposition, Error, Outcome, idempotent, key::KeyBuilder};
 use sqlx::PgConnection;
 use sqlx::PgPool;

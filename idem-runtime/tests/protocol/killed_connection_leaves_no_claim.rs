@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use crate::support::orders::OrderEvent;
 use crate::support::testing::{self, Checkpoint};
-use idem_runtime::store::Status;
+use idem_runtime::Status;
 use idem_runtime::{Disposition, Error, Idem, Outcome, idempotent, key::KeyBuilder};
 use sqlx::{PgConnection, PgPool};
 

@@ -4,9 +4,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::support::testing::{self, Checkpoint};
+use idem_runtime::Status;
 use idem_runtime::key::{IdempotencyKey, KeyBuilder};
 use idem_runtime::lease::Lease;
-use idem_runtime::store::Status;
 use idem_runtime::{Error, Idem, Outcome, idempotent};
 use sqlx::PgPool;
 use tokio::time::timeout;

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use crate::support::testing::{self, Checkpoint};
 use chrono::{DateTime, Utc};
+use idem_runtime::Status;
 use idem_runtime::key::{IdempotencyKey, KeyBuilder};
 use idem_runtime::lease::{Lease, LeaseError};
-use idem_runtime::store::Status;
 use idem_runtime::{Error, Outcome, idempotent};
 use sqlx::PgPool;
 use tokio::time::timeout;

@@ -2,9 +2,9 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::support::testing;
+use idem_runtime::Status;
 use idem_runtime::key::{IdempotencyKey, KeyBuilder};
 use idem_runtime::lease::Lease;
-use idem_runtime::store::Status;
 use idem_runtime::{Disposition, Error, Outcome, idempotent};
 use sqlx::PgPool;
 

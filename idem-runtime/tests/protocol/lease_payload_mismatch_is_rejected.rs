@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::support::testing::{self, Checkpoint};
 use idem_runtime::key::{IdempotencyKey, KeyBuilder};
-use idem_runtime::store::{KeyRecord, Status};
 use idem_runtime::{Disposition, Error, Idem, Outcome, idempotent};
+use idem_runtime::{KeyRecord, Status};
 use sqlx::PgPool;
 use tokio::time::timeout;
 

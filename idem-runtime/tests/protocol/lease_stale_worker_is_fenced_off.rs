@@ -3,9 +3,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::support::testing::{self, Checkpoint};
+use idem_runtime::Status;
 use idem_runtime::key::{IdempotencyKey, KeyBuilder};
 use idem_runtime::lease::{Lease, LeaseError};
-use idem_runtime::store::Status;
 use idem_runtime::{Disposition, Error, Idem, Outcome, idempotent};
 use sqlx::PgPool;
 use tokio::time::timeout;

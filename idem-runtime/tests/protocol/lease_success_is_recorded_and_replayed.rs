@@ -3,9 +3,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::support::orders::OrderEvent;
 use crate::support::testing;
+use idem_runtime::Status;
 use idem_runtime::key::{IdempotencyKey, KeyBuilder};
 use idem_runtime::lease::Lease;
-use idem_runtime::store::Status;
 use idem_runtime::{Idem, Outcome, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;

@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use crate::support::orders::OrderEvent;
 use crate::support::testing::{self, Checkpoint};
-use idem_runtime::handler::{HandlerSpec, NoResult};
+// What the attribute generates in another crate, written out here to declare handlers of
+// several crates in one test: the private module of generated code, not a public API.
+use idem_runtime::__private_v0_1_0::{HandlerSpec, NoResult, run_transactional};
 use idem_runtime::key::KeyBuilder;
-use idem_runtime::store::Status;
-use idem_runtime::{Disposition, Error, Idem, Outcome, idempotent, transactional};
+use idem_runtime::{Disposition, Error, Idem, Outcome, Status, idempotent};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
@@ -192,14 +193,14 @@ async fn two_instantiations_of_a_generic_handler_are_refused(pool: PgPool) {
     assert_eq!(effects(&pool).await, 1);
 }
 
-/// A handler as another service would declare it, without the attribute.
+/// A handler as another service's `#[idempotent]` expands, its crate given by `spec`.
 async fn run_as(
     idem: &Idem,
     spec: &HandlerSpec,
     order_id: &str,
 ) -> Result<Outcome<()>, Error<sqlx::Error>> {
     let event = testing::paid(order_id, 1);
-    transactional::run(idem, spec, key_of(order_id), None, NoResult, |mut tx| {
+    run_transactional(idem, spec, key_of(order_id), None, NoResult, |mut tx| {
         let event = event.clone();
         async move {
             let result = testing::insert_effect(&mut tx, &event).await.map(drop);

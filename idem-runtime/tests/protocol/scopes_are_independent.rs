@@ -1,7 +1,7 @@
 //! Two handlers with different scopes each process the same message once: the scope is part of the key's identity.
 use crate::support::orders::OrderEvent;
 use crate::support::testing;
-use idem_runtime::store::Status;
+use idem_runtime::Status;
 use idem_runtime::{Outcome, idempotent, key::KeyBuilder};
 use sqlx::{PgConnection, PgPool};
 

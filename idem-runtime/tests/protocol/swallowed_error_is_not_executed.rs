@@ -1,7 +1,7 @@
 //! A body that swallows a database error and returns `Ok` from its aborted transaction is not reported as executed: nothing was committed.
 use crate::support::orders::OrderEvent;
 use crate::support::testing;
-use idem_runtime::store::Status;
+use idem_runtime::Status;
 use idem_runtime::{Disposition, Error, Outcome, idempotent, key::KeyBuilder};
 use sqlx::{PgConnection, PgPool};
 

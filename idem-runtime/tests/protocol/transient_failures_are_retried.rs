@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::support::testing;
-use idem_runtime::store::Status;
+use idem_runtime::Status;
 use idem_runtime::{Disposition, Error, Idem, Outcome, idempotent, key::KeyBuilder};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgConnection, PgPool};

@@ -1,54 +1,12 @@
-//! Lease mode: idempotent handlers whose effect is outside the database.
-//!
-//! A handler that calls a payment provider or sends an e-mail cannot run inside the
-//! database transaction that marks its key: the effect cannot be rolled back. In lease
-//! mode the key is claimed on its own, with a lease:
-//!
-//! 1. claim: the key becomes `processing` with an owner token and an expiry computed by
-//!    PostgreSQL (`now() + lease`), committed at once. A `failed` key, or a `processing`
-//!    key whose lease expired (its worker crashed), can be claimed again;
-//! 2. the body runs with a [`Lease`]: it carries the owner token (a fencing token to
-//!    hand to the external system) and can [`extend`](Lease::extend) the lease;
-//! 3. mark: `success` (with the result), or `failed` (with the error text), only where
-//!    the lease is still this worker's. A worker whose lease was taken over gets
-//!    [`Error::LeaseLost`] and its outcome is not recorded.
-//!
-//! A duplicate that arrives during a live lease gets [`Error::InProgress`]; after
-//! `success` it is a duplicate and the body does not run.
-//!
-//! **The guarantee is at-least-once, deduplicated.** A worker that crashes after the
-//! effect but before the mark leaves a lease that expires; the next delivery then runs
-//! the effect again. So does a stalled worker whose lease ran out and was taken over: its
-//! mark is refused with [`Error::LeaseLost`], but its effect has happened. Let the
-//! external system absorb the repeat: pass it [`Lease::key`], the same for every attempt,
-//! as its idempotency key, and [`Lease::token`], new for each claim, to tell the claims
-//! apart (where it needs an ordered fencing token, [`Lease::attempt`] grows with each
-//! claim of the key, until the key is reset).
-//!
-//! Expiries are computed and compared on the database's clock only: every lease statement
-//! uses PostgreSQL's `now()` and none binds a timestamp, so the workers' clocks may drift.
-//! Choose a lease longer than the body usually takes, and [`extend`](Lease::extend) it
-//! from long bodies: once a lease runs out, another worker may run the effect as well.
-//!
-//! # Choosing a mode
-//!
-//! - **Transaction mode** (the default) when the handler's effects are writes to the
-//!   PostgreSQL database that holds the status table: the effects and the key's `success`
-//!   commit together, so they happen exactly once, and a crash leaves nothing behind.
-//! - **Lease mode** (`mode = "lease"`) when the effect is elsewhere: an HTTP call, an
-//!   e-mail, a message to a broker, a write to another database. No transaction covers it;
-//!   the lease lets one worker at a time run the body, and none after a success, and the
-//!   effect is at-least-once, deduplicated by the key and the fencing token.
-//! - Both: split the work into two handlers, or write the external call as an outbox row
-//!   in transaction mode and make the call from a lease-mode handler of the outbox.
+//! The lease protocol: claim, run, mark (see the [module docs](super)).
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::Lease;
 use crate::Idem;
 use crate::cache;
 use crate::error_text::failure_text;
@@ -60,98 +18,8 @@ use crate::store::LeaseClaim;
 use crate::telemetry::{self, Mode, Timer};
 use crate::transactional;
 
-/// The lease that a lease-mode handler holds on its key while its body runs.
-#[derive(Clone, Debug)]
-pub struct Lease {
-    inner: Arc<LeaseInner>,
-}
-
-#[derive(Debug)]
-struct LeaseInner {
-    idem: Idem,
-    scope: &'static str,
-    key: IdempotencyKey,
-    token: Uuid,
-    attempt: u32,
-}
-
-/// The lease is no longer held by this worker: it expired and another worker claimed
-/// the key, or the key was reset.
-#[derive(Debug, thiserror::Error)]
-pub enum LeaseError {
-    /// Another worker holds the key now.
-    #[error("the lease on key {key} was lost: it expired and another worker claimed the key")]
-    Lost {
-        /// The key.
-        key: IdempotencyKey,
-    },
-    /// PostgreSQL failed.
-    #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
-}
-
-impl Lease {
-    /// The owner token of this claim: a random UUID, new for each claim of the key. An
-    /// external system that records the token of the call it executed can tell a stale
-    /// worker's call from the current one; the tokens are not ordered (see
-    /// [`attempt`](Self::attempt) for a number that grows with each claim).
-    pub fn token(&self) -> Uuid {
-        self.inner.token
-    }
-
-    /// The key the lease is on.
-    pub fn key(&self) -> IdempotencyKey {
-        self.inner.key
-    }
-
-    /// Which attempt this is (1 for the first execution). It grows with each claim of
-    /// the key, after a failure or an expired lease alike, until [`Idem::reset`].
-    pub fn attempt(&self) -> u32 {
-        self.inner.attempt
-    }
-
-    /// Extends the lease to `duration` from now (the database's now). Call it before the
-    /// lease runs out in long work; fails with [`LeaseError::Lost`] if the lease is gone.
-    pub async fn extend(&self, duration: Duration) -> Result<(), LeaseError> {
-        let inner = &self.inner;
-        let mut tx = inner.idem.bounded_transaction().await?;
-        let extended = inner
-            .idem
-            .statements()
-            .extend_lease(
-                &mut tx,
-                inner.scope,
-                inner.key.as_uuid(),
-                inner.token,
-                duration,
-            )
-            .await?;
-        tx.commit().await?;
-        if extended {
-            Ok(())
-        } else {
-            Err(LeaseError::Lost { key: inner.key })
-        }
-    }
-}
-
 /// Runs `body` under a lease on `key` in `spec.scope`: at most one worker at a time, at
 /// most once to success. This is what `#[idempotent(mode = "lease")]` generates a call of.
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use idem_runtime::{Idem, handler::{HandlerSpec, JsonResult}, key::KeyBuilder};
-///
-/// # async fn notify(idem: &Idem, order_id: &str) -> Result<(), Box<dyn std::error::Error>> {
-/// const SPEC: HandlerSpec = HandlerSpec::new("mail::send_receipt").lease(Duration::from_secs(30));
-/// let key = KeyBuilder::new().part("order_id", order_id)?.finish();
-/// let outcome = idem_runtime::lease::run(idem, &SPEC, key, None, JsonResult, |lease| async move {
-///     // Pass lease.token() to the mail service as its idempotency key.
-///     Ok::<_, std::io::Error>(format!("sent with token {}", lease.token()))
-/// })
-/// .await?;
-/// # Ok(()) }
-/// ```
 pub async fn run<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
@@ -249,15 +117,7 @@ where
         Err(error) => return Err(Error::Database(error)),
     };
 
-    let guard = Lease {
-        inner: Arc::new(LeaseInner {
-            idem: idem.clone(),
-            scope,
-            key,
-            token,
-            attempt,
-        }),
-    };
+    let guard = Lease::new(idem.clone(), scope, key, token, attempt);
     let running = Timer::start();
     let result = body(guard).await;
     running.handler(scope, Mode::Lease);

@@ -1,49 +1,6 @@
-//! Batches: many messages' keys claimed in one statement and committed once.
-//!
-//! A Kafka consumer receives messages in batches of hundreds. One transaction per message
-//! caps throughput at the database's commit rate (one disk sync each); a batch pays one
-//! commit for all its messages and keeps every guarantee per message:
-//!
-//! 1. the keys are derived; a message whose key cannot be derived gets [`Error::Key`],
-//!    and a message whose key appeared earlier in the batch is a duplicate of that one
-//!    (it gets the first one's outcome; with another payload fingerprint,
-//!    [`Error::PayloadMismatch`]);
-//! 2. `BEGIN`, then one statement claims every key (`INSERT ... SELECT FROM unnest(...)
-//!    ON CONFLICT DO NOTHING`, in key order so that concurrent batches cannot deadlock)
-//!    and reads the rows in the way; `failed` keys are taken over in one more statement.
-//!    A key in the way that succeeded, is parked or has another payload is decided there,
-//!    without running the body for its message;
-//! 3. the body runs for the claimed messages on the same connection;
-//! 4. one `COMMIT` makes all effects and all `success` rows visible together.
-//!
-//! Two kinds of handler use this path:
-//!
-//! - [`run`]: a per-message handler with `#[idempotent(batch = true)]`, whose generated
-//!   `<handler>_batch` runs the body once per claimed message, in order, and stores each
-//!   result (one statement for all of them) before the commit;
-//! - [`run_bulk`]: a **batch handler**, whose message parameter is a slice
-//!   (`events: &[&OrderEvent]`). Its body runs **once** per batch, with all the claimed
-//!   messages, in message order, so that it can write them in one statement (a
-//!   multi-row `INSERT ... SELECT FROM unnest(...)`). If no message is new, the body is
-//!   not called and nothing is written. It returns `Result<(), E>`: one body run covers
-//!   many messages, so there is no value per message to return or to store, and
-//!   duplicates get [`Outcome::Duplicate(None)`](Outcome::Duplicate).
-//!
-//! **When a body fails** (or PostgreSQL reports a serialization failure, a deadlock or a
-//! lock timeout, or the commit fails), the batch transaction rolls back as a whole and the
-//! claimed messages are processed again one by one with
-//! [`transactional::run`](crate::transactional::run()) (a batch handler's body then gets a
-//! slice of one message): the failing message records its failure (attempts, and `parked`
-//! after `max_attempts`), the others commit on their own. Messages already decided by the
-//! claim (duplicates, parked keys, payload mismatches) keep that decision. The happy path
-//! pays nothing for this (no savepoint per message, which would cost two round trips
-//! each), and no message is lost or applied twice. The price is on the failure path: the
-//! body's work for the whole batch is done again, message by message, so a body that
-//! fails often should not be run in large batches.
-//!
-//! The Redis cache of duplicates (feature `redis`) is not consulted by the batch
-//! statement, which decides all keys in one round trip anyway; the one-by-one pass after a
-//! rollback uses it as [`transactional::run`](crate::transactional::run()) does.
+//! The batch protocol: the entry points that generated code calls, the claim of a
+//! batch's keys, the batch transaction and the one-by-one pass after a rollback (see the
+//! [module docs](super)).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -52,19 +9,17 @@ use sqlx::postgres::PgRow;
 use sqlx::{Postgres, Row};
 use uuid::Uuid;
 
+use super::BatchOutcomes;
 use crate::Idem;
 use crate::handler::{BatchResult, HandlerSpec, NoResult, ResultCodec};
 use crate::inflight::KeyTurn;
 use crate::key::{IdempotencyKey, KeyError};
+use crate::key_transaction::KeyTransaction;
 use crate::outcome::{Error, Handled, HandlerError, Outcome};
 use crate::scope;
 use crate::store::{Existing, Status};
 use crate::telemetry::{self, Mode, Timer};
 use crate::transactional;
-use crate::transactional::KeyTransaction;
-
-/// The outcome of each message of a batch, in the order of the messages.
-pub type BatchOutcomes<T, E> = Vec<Result<Outcome<T>, Error<E>>>;
 
 /// A message's key and payload fingerprint, as the handler derives them.
 type Derived = (IdempotencyKey, Option<[u8; 32]>);
@@ -271,47 +226,12 @@ where
 ///
 /// When the body fails, the batch rolls back and each claimed message is processed on
 /// its own by [`transactional::run`](crate::transactional::run()), the body receiving a
-/// slice of that one message (see the [module docs](self)). So the body may run more than
+/// slice of that one message (see the [module docs](super)). So the body may run more than
 /// once, each earlier run rolled back as a whole.
 ///
 /// A handler whose message parameter is a slice, `#[idempotent(key = "...")] async fn
 /// h(tx: &mut PgConnection, events: &[&M]) -> Result<(), E>`, generates a call of this
-/// function. Without the attribute:
-///
-/// ```no_run
-/// use idem_runtime::{Idem, batch, handler::HandlerSpec, key::KeyBuilder};
-///
-/// struct OrderEvent {
-///     order_id: String,
-///     amount_cents: i64,
-/// }
-///
-/// # async fn deliver(idem: &Idem, events: &[OrderEvent]) {
-/// const SPEC: HandlerSpec = HandlerSpec::new("orders::record_orders");
-/// let outcomes = batch::run_bulk(
-///     idem,
-///     &SPEC,
-///     events,
-///     |event| Ok((KeyBuilder::new().part("order_id", &event.order_id)?.finish(), None)),
-///     // `new`: the claimed messages, a `Vec<&OrderEvent>` in message order.
-///     |mut tx, new| async move {
-///         let ids: Vec<&str> = new.iter().map(|e: &&OrderEvent| e.order_id.as_str()).collect();
-///         let amounts: Vec<i64> = new.iter().map(|e| e.amount_cents).collect();
-///         let result: Result<(), sqlx::Error> = sqlx::query(
-///             "INSERT INTO orders (id, amount_cents) SELECT * FROM unnest($1::text[], $2::bigint[])",
-///         )
-///         .bind(&ids)
-///         .bind(&amounts)
-///         .execute(&mut *tx)
-///         .await
-///         .map(|_| ());
-///         (tx, result)
-///     },
-/// )
-/// .await;
-/// assert_eq!(outcomes.len(), events.len());
-/// # }
-/// ```
+/// function.
 pub async fn run_bulk<'m, M, R, D, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,

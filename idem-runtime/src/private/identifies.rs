@@ -17,7 +17,7 @@
 //! ));
 //! ```
 
-use super::{KeyPart, SoleKeyPart};
+use crate::key::{KeyPart, SoleKeyPart};
 
 /// A key part that identifies something, or a value that is no key part.
 // Hidden, so that the compile error of a key of timestamps does not list it.
