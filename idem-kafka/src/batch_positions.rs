@@ -100,7 +100,7 @@ impl BatchPositions {
             .into_iter()
             .map(|((topic, partition), (next, _))| (topic.to_owned(), partition, next))
             .collect();
-        crate::offsets::store_all(conn, &first.schema, &first.group, &rows).await
+        crate::store::store_positions(conn, &first.schema, &first.group, &rows).await
     }
 
     /// A body failed and its transaction rolls back: the next transaction stores again.

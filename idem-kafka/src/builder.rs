@@ -1,4 +1,5 @@
-//! The settings of a consumer, and the builder that takes them.
+//! The builder of a consumer: `Consumer::builder(...)`, the settings that differ from the
+//! defaults, then `build`. Above the consumer: it creates one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,25 +11,8 @@ use crate::error::ConsumerError;
 use crate::handler::Handler;
 use crate::offset_store::OffsetStore;
 use crate::schema::Schema;
+use crate::settings::Settings;
 use crate::stats::Stats;
-
-/// The settings of one consumer.
-#[derive(Debug, Clone)]
-pub(crate) struct Settings {
-    pub brokers: String,
-    pub group: String,
-    pub topic: String,
-    pub client_id: String,
-    pub offsets: OffsetStore,
-    pub batch_size: usize,
-    pub batch_linger: Duration,
-    pub commit_interval: Duration,
-    pub retry_backoff: Duration,
-    pub max_retry_backoff: Duration,
-    pub session_timeout: Duration,
-    pub schema: Option<Schema>,
-    pub extra: Vec<(String, String)>,
-}
 
 /// Builds a [`Consumer`]: `Consumer::builder(brokers, group, topic)`, the settings that
 /// differ from the defaults, then [`build`](Self::build).
@@ -52,28 +36,22 @@ pub struct ConsumerBuilder {
     stats: Option<Arc<Stats>>,
 }
 
-impl ConsumerBuilder {
-    pub(crate) fn new(brokers: String, group: String, topic: String) -> Self {
+impl Consumer<()> {
+    /// A builder for a member of `group` reading `topic` from `brokers`
+    /// (`host:port[,host:port...]`).
+    pub fn builder(
+        brokers: impl Into<String>,
+        group: impl Into<String>,
+        topic: impl Into<String>,
+    ) -> ConsumerBuilder {
         ConsumerBuilder {
-            settings: Settings {
-                brokers,
-                client_id: format!("{group}-member"),
-                group,
-                topic,
-                offsets: OffsetStore::Kafka,
-                batch_size: 1,
-                batch_linger: Duration::from_millis(20),
-                commit_interval: Duration::from_secs(1),
-                retry_backoff: Duration::from_millis(50),
-                max_retry_backoff: Duration::from_secs(5),
-                session_timeout: Duration::from_secs(10),
-                schema: None,
-                extra: Vec::new(),
-            },
+            settings: Settings::new(brokers.into(), group.into(), topic.into()),
             stats: None,
         }
     }
+}
 
+impl ConsumerBuilder {
     /// Where processed offsets are kept (default [`OffsetStore::Kafka`]).
     pub fn offsets(mut self, offsets: OffsetStore) -> Self {
         self.settings.offsets = offsets;

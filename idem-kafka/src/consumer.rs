@@ -1,4 +1,6 @@
-//! The consumer-group member: receives, hands to the handler, routes the fates, commits.
+//! The consumer-group member's loop: receives, gathers batches, hands them to the
+//! [dispatcher](crate::dispatch), retries what can pass, commits what is done, leaves the
+//! group.
 
 use std::fmt;
 use std::future::Future;
@@ -6,24 +8,21 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_runtime::{ErrorChain, Idem};
+use idem_runtime::Idem;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
-use tracing::Instrument;
 
-use crate::builder::{ConsumerBuilder, Settings};
 use crate::context::GroupContext;
-use crate::dead_letter;
 use crate::delivery::Delivery;
+use crate::dispatch::{Dispatcher, Pending};
 use crate::error::ConsumerError;
-use crate::fate::{Fate, Reason};
+use crate::fate::Fate;
 use crate::handler::Handler;
 use crate::offset_store::OffsetStore;
-use crate::offsets;
-use crate::position::Position;
 use crate::schema::{self, Schema};
+use crate::settings::Settings;
 use crate::stats::Stats;
-use crate::telemetry;
+use crate::store;
 
 /// A member of a Kafka consumer group that hands every message (or batch of messages) to
 /// a [`Handler`].
@@ -53,7 +52,7 @@ pub struct Consumer<H> {
     settings: Settings,
     schema: Schema,
     stats: Arc<Stats>,
-    handler: H,
+    dispatch: Dispatcher<H>,
 }
 
 impl<H> fmt::Debug for Consumer<H> {
@@ -61,25 +60,6 @@ impl<H> fmt::Debug for Consumer<H> {
         f.debug_struct("Consumer")
             .field("settings", &self.settings)
             .finish_non_exhaustive()
-    }
-}
-
-/// A message waiting to be processed, and whether an earlier round ran its handler (a
-/// batch handled again from an earlier message that had to be retried).
-struct Pending {
-    delivery: Delivery,
-    executed: bool,
-}
-
-impl Consumer<()> {
-    /// A builder for a member of `group` reading `topic` from `brokers`
-    /// (`host:port[,host:port...]`).
-    pub fn builder(
-        brokers: impl Into<String>,
-        group: impl Into<String>,
-        topic: impl Into<String>,
-    ) -> ConsumerBuilder {
-        ConsumerBuilder::new(brokers.into(), group.into(), topic.into())
     }
 }
 
@@ -119,13 +99,20 @@ impl<H: Handler> Consumer<H> {
         }
         let consumer: StreamConsumer<GroupContext> = client.create_with_context(context)?;
         consumer.subscribe(&[&settings.topic])?;
+        let dispatch = Dispatcher {
+            idem: idem.clone(),
+            handler,
+            group: settings.group.clone(),
+            offsets: settings.offsets,
+            schema: schema.clone(),
+        };
         Ok(Consumer {
             consumer,
             idem,
             settings,
             schema,
             stats,
-            handler,
+            dispatch,
         })
     }
 
@@ -219,41 +206,23 @@ impl<H: Handler> Consumer<H> {
         deliveries: Vec<Delivery>,
         mut shutdown: Pin<&mut F>,
     ) -> bool {
-        let mut pending: Vec<Pending> = deliveries
-            .into_iter()
-            .map(|delivery| Pending {
-                delivery,
-                executed: false,
-            })
-            .collect();
+        let mut pending: Vec<Pending> = deliveries.into_iter().map(Pending::new).collect();
         let mut backoff = self.settings.retry_backoff;
         let mut attempt = 0u32;
         loop {
             let fates = if self.settings.batch_size <= 1 && pending.len() == 1 {
-                vec![self.handle_one(&pending[0].delivery).await]
+                vec![self.dispatch.handle_one(&pending[0].delivery).await]
             } else {
                 // A retry takes the failing message on its own: if it fails again, the
                 // messages behind it are not rolled back and redone one by one with it.
                 let round = if attempt > 0 { 1 } else { pending.len() };
                 self.stats.batch();
-                self.handle_round(&mut pending[..round]).await
+                self.dispatch.handle_round(&mut pending[..round]).await
             };
             let done = fates.iter().take_while(|fate| fate.is_final()).count();
             let mut fates = fates.into_iter();
             for (item, fate) in pending.drain(..done).zip(fates.by_ref()) {
-                let at = &item.delivery;
-                let stored_in_tx = self.settings.offsets == OffsetStore::Postgres
-                    && self.settings.batch_size <= 1
-                    && match fate {
-                        Fate::DeadLetter { .. } => true,
-                        Fate::Executed => self.handler.stores_position(),
-                        _ => false,
-                    };
-                self.consumer
-                    .context()
-                    .processed(&at.topic, at.partition, at.offset, stored_in_tx);
-                self.stats
-                    .processed(&at.topic, at.partition, at.offset, &fate);
+                self.done(&item.delivery, &fate);
             }
             let Some(Fate::Retry { error, in_progress }) = fates.next() else {
                 if pending.is_empty() {
@@ -286,204 +255,23 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// Handles one delivery once (the per-message path), in its `process` span.
-    async fn handle_one(&self, delivery: &Delivery) -> Fate {
-        let span = telemetry::process_span(
-            &self.settings.group,
-            &delivery.topic,
-            delivery.partition,
-            delivery.offset,
-            1,
-        );
-        let handled = async {
-            let message = match self.decode(delivery) {
-                Ok(message) => message,
-                Err(error) => {
-                    return self
-                        .dead_letter(delivery, Reason::Undecodable, &error, true)
-                        .await;
-                }
+    /// A message is done with (its fate is final): marks its offset processed and counts
+    /// it.
+    fn done(&self, at: &Delivery, fate: &Fate) {
+        // Stored already: by the transaction of a single message's dead letter, or of a
+        // handler that stores its position.
+        let stored_in_tx = self.settings.offsets == OffsetStore::Postgres
+            && self.settings.batch_size <= 1
+            && match fate {
+                Fate::DeadLetter { .. } => true,
+                Fate::Executed => self.dispatch.handler.stores_position(),
+                _ => false,
             };
-            let position =
-                (self.settings.offsets == OffsetStore::Postgres).then(|| self.position(delivery));
-            let fate = self
-                .handler
-                .handle(&self.idem, &message, position.as_ref())
-                .await;
-            self.route(delivery, fate, false).await
-        };
-        let fate = handled.instrument(span.clone()).await;
-        telemetry::record_fate(&span, &fate);
-        fate
-    }
-
-    /// One round of the batch path over `pending`, in its `process` span: the fates of
-    /// the messages done with, in order, up to and with the first one to retry.
-    async fn handle_round(&self, pending: &mut [Pending]) -> Vec<Fate> {
-        let first = &pending[0].delivery;
-        let span = telemetry::process_span(
-            &self.settings.group,
-            &first.topic,
-            first.partition,
-            first.offset,
-            pending.len(),
-        );
-        let fates = self
-            .handle_round_in_span(pending)
-            .instrument(span.clone())
-            .await;
-        if let Some(last) = fates.last() {
-            telemetry::record_fate(&span, last);
-        }
-        fates
-    }
-
-    async fn handle_round_in_span(&self, pending: &mut [Pending]) -> Vec<Fate> {
-        // Undecodable messages first, in their own transactions, without positions: the
-        // batch transaction may then store positions past them.
-        let mut decoded = Vec::with_capacity(pending.len());
-        let mut slots = Vec::with_capacity(pending.len());
-        let mut fates = Vec::with_capacity(pending.len());
-        for item in pending.iter() {
-            match self.decode(&item.delivery) {
-                Ok(message) => {
-                    slots.push(Some(decoded.len()));
-                    decoded.push(message);
-                }
-                Err(error) => {
-                    let fate = self
-                        .dead_letter(&item.delivery, Reason::Undecodable, &error, false)
-                        .await;
-                    if !fate.is_final() {
-                        // Nothing is routed before the failing dead letter is written.
-                        return vec![fate];
-                    }
-                    slots.push(None);
-                }
-            }
-        }
-        let handled = if decoded.is_empty() {
-            Vec::new()
-        } else {
-            let positions: Option<Vec<Position>> = (self.settings.offsets == OffsetStore::Postgres)
-                .then(|| {
-                    pending
-                        .iter()
-                        .zip(&slots)
-                        .filter(|(_, slot)| slot.is_some())
-                        .map(|(item, _)| self.position(&item.delivery))
-                        .collect()
-                });
-            self.handler
-                .handle_batch(&self.idem, &decoded, positions.as_deref())
-                .await
-        };
-        for (item, slot) in pending.iter_mut().zip(&slots) {
-            if let Some(fate) = slot.and_then(|index| handled.get(index)) {
-                item.executed |= *fate == Fate::Executed;
-            }
-        }
-        for (item, slot) in pending.iter().zip(slots) {
-            let Some(index) = slot else {
-                fates.push(Fate::DeadLetter {
-                    reason: Reason::Undecodable,
-                    error: String::new(),
-                });
-                continue;
-            };
-            let Some(fate) = handled.get(index).cloned() else {
-                fates.push(Fate::retry("not handled in this round"));
-                return fates;
-            };
-            let fate = self.route(&item.delivery, fate, item.executed).await;
-            let retry = !fate.is_final();
-            fates.push(fate);
-            if retry {
-                return fates;
-            }
-        }
-        fates
-    }
-
-    fn decode(&self, delivery: &Delivery) -> Result<H::Message, String> {
-        match delivery.payload.as_deref() {
-            None => Err("the message has no payload".to_owned()),
-            Some(payload) => self.handler.decode(payload),
-        }
-    }
-
-    /// Routes a fate: dead letters are written (with the position, in the Postgres
-    /// variant, in the same transaction). `executed_before`: an earlier round ran this
-    /// message's handler, so a duplicate now is its own effect.
-    async fn route(&self, delivery: &Delivery, fate: Fate, executed_before: bool) -> Fate {
-        match fate {
-            Fate::Duplicate if executed_before => Fate::Executed,
-            Fate::DeadLetter { reason, error } => {
-                self.dead_letter(delivery, reason, &error, true).await
-            }
-            other => other,
-        }
-    }
-
-    /// Writes the delivery to the dead-letter table; in the Postgres variant and with
-    /// `store_position`, stores the position after it in the same transaction.
-    async fn dead_letter(
-        &self,
-        delivery: &Delivery,
-        reason: Reason,
-        error: &str,
-        store_position: bool,
-    ) -> Fate {
-        let written = async {
-            // In a task of its own: sqlx 0.8 returns a connection to the pool inside an
-            // open transaction when `begin` is dropped while `BEGIN` is in flight.
-            let pool = self.idem.pool().clone();
-            let mut tx = tokio::spawn(async move { pool.begin().await })
-                .await
-                .map_err(|joined| sqlx::Error::Io(std::io::Error::other(joined)))??;
-            let new = dead_letter::insert(
-                &mut tx,
-                &self.schema,
-                &self.settings.group,
-                delivery,
-                reason,
-                error,
-            )
-            .await?;
-            if store_position && self.settings.offsets == OffsetStore::Postgres {
-                self.position(delivery).store(&mut tx).await?;
-            }
-            tx.commit().await?;
-            Ok::<_, sqlx::Error>(new)
-        };
-        match written.await {
-            Ok(new) => {
-                tracing::warn!(
-                    topic = %delivery.topic, partition = delivery.partition, offset = delivery.offset,
-                    reason = reason.as_str(), %error, already_recorded = !new,
-                    "message dead-lettered"
-                );
-                Fate::DeadLetter {
-                    reason,
-                    error: error.to_owned(),
-                }
-            }
-            Err(db) => Fate::retry(format_args!(
-                "dead-lettering the message failed ({}): {}",
-                reason.as_str(),
-                ErrorChain(&db)
-            )),
-        }
-    }
-
-    fn position(&self, delivery: &Delivery) -> Position {
-        Position::new(
-            &self.schema,
-            self.settings.group.clone(),
-            delivery.topic.clone(),
-            delivery.partition,
-            delivery.offset + 1,
-        )
+        self.consumer
+            .context()
+            .processed(&at.topic, at.partition, at.offset, stored_in_tx);
+        self.stats
+            .processed(&at.topic, at.partition, at.offset, fate);
     }
 
     /// Stores the processed positions that are not stored yet (Postgres variant) and
@@ -513,8 +301,8 @@ impl<H: Handler> Consumer<H> {
                     let (group, pending) = (self.settings.group.clone(), pending.clone());
                     async move {
                         let mut conn = pool.acquire().await?;
-                        offsets::alone(&mut conn, &schema, async |conn| {
-                            offsets::store_all(conn, &schema, &group, &pending).await
+                        store::alone(&mut conn, &schema, async |conn| {
+                            store::store_positions(conn, &schema, &group, &pending).await
                         })
                         .await
                     }

@@ -16,9 +16,9 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 
 use crate::offset_store::OffsetStore;
-use crate::offsets;
 use crate::schema::Schema;
 use crate::stats::lock;
+use crate::store;
 
 /// The rdkafka context: rebalance handling and the processed offsets.
 pub(crate) struct GroupContext {
@@ -156,8 +156,8 @@ impl GroupContext {
         topics.dedup();
         for topic in topics {
             let load = async |conn: &mut PgConnection| {
-                offsets::alone(conn, &self.schema, async |conn| {
-                    offsets::stored_offsets(conn, &self.schema, &self.group, topic).await
+                store::alone(conn, &self.schema, async |conn| {
+                    store::stored_offsets(conn, &self.schema, &self.group, topic).await
                 })
                 .await
             };
@@ -210,8 +210,8 @@ impl GroupContext {
                 .collect();
             if !pending.is_empty() {
                 let store = async |conn: &mut PgConnection| {
-                    offsets::alone(conn, &self.schema, async |conn| {
-                        offsets::store_all(conn, &self.schema, &self.group, &pending).await
+                    store::alone(conn, &self.schema, async |conn| {
+                        store::store_positions(conn, &self.schema, &self.group, &pending).await
                     })
                     .await
                 };

@@ -1,43 +1,30 @@
-//! The dead-letter table (`kafka_dead_letters`): messages that can never be handled,
-//! kept with everything needed to look at them and replay them.
-//!
-//! A row holds the raw key and payload bytes, why the message was set aside, the error
-//! text and the Kafka coordinates. Coordinates are unique per consumer group, so a
-//! message dead-lettered again after a redelivery is recorded once.
+//! A message set aside as never handleable: what [`dead_letters`](crate::dead_letters)
+//! reads back of the dead-letter table.
 
-use sqlx::PgConnection;
-
-use crate::delivery::Delivery;
 use crate::fate::Reason;
-use crate::schema::Schema;
 
-/// Records `delivery` as dead for `group`. Returns `false` if it was already recorded
-/// (a redelivery).
-pub(crate) async fn insert(
-    conn: &mut PgConnection,
-    schema: &Schema,
-    group: &str,
-    delivery: &Delivery,
-    reason: Reason,
-    error: &str,
-) -> Result<bool, sqlx::Error> {
-    let inserted = sqlx::query(&format!(
-        "INSERT INTO {}
-            (consumer_group, topic, kafka_partition, kafka_offset, message_key, payload, reason, error)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-         ON CONFLICT (consumer_group, topic, kafka_partition, kafka_offset) DO NOTHING",
-        schema.dead_letters()
-    ))
-    .bind(group)
-    .bind(&delivery.topic)
-    .bind(delivery.partition)
-    .bind(delivery.offset)
-    .bind(delivery.key.as_deref())
-    .bind(delivery.payload.as_deref())
-    .bind(reason.as_str())
-    .bind(error)
-    .persistent(schema.prepared())
-    .execute(conn)
-    .await?;
-    Ok(inserted.rows_affected() == 1)
+/// A message that can never be handled, as the consumer recorded it in the dead-letter
+/// table: its coordinates, its raw key and payload bytes (to look at and replay), why it
+/// was set aside and the error. Read with [`dead_letters`](crate::dead_letters).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// The consumer group that set it aside.
+    pub group: String,
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The message's offset.
+    pub offset: i64,
+    /// The raw Kafka key, if the message had one.
+    pub key: Option<Vec<u8>>,
+    /// The raw payload, if the message had one.
+    pub payload: Option<Vec<u8>>,
+    /// Why it was set aside.
+    pub reason: Reason,
+    /// The error, with its sources.
+    pub error: String,
+    /// When it was first recorded (a redelivery does not record it again).
+    pub recorded_at: chrono::DateTime<chrono::Utc>,
 }

@@ -132,6 +132,19 @@ pub enum Reason {
 }
 
 impl Reason {
+    const ALL: [Reason; 5] = [
+        Reason::Undecodable,
+        Reason::MissingKey,
+        Reason::PayloadMismatch,
+        Reason::Parked,
+        Reason::Unrecoverable,
+    ];
+
+    /// The reason stored as `text` in the `reason` column ([`as_str`](Self::as_str)).
+    pub(crate) fn from_column(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|reason| reason.as_str() == text)
+    }
+
     /// The reason as stored in the `reason` column.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -158,5 +171,18 @@ impl Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reason;
+
+    #[test]
+    fn every_reason_reads_back_from_its_column() {
+        for reason in Reason::ALL {
+            assert_eq!(Reason::from_column(reason.as_str()), Some(reason));
+        }
+        assert_eq!(Reason::from_column("lost"), None);
     }
 }

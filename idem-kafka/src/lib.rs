@@ -60,6 +60,8 @@
 //! dead-letter table `kafka_dead_letters` in a schema of their own, `<idem's schema>_kafka`
 //! (`idem_kafka` by default): the adapter issues no SQL against idem's tables, and asks
 //! idem's handle what it needs ([`Idem::done_keys`](idem_runtime::Idem::done_keys)).
+//! Read them through the crate, not by their names: [`dead_letters`] (what was set
+//! aside, with its bytes) and [`stored_offsets`].
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod batch_positions;
@@ -68,15 +70,17 @@ mod consumer;
 mod context;
 mod dead_letter;
 mod delivery;
+mod dispatch;
 mod error;
 mod fate;
 mod handler;
 mod offset_store;
-mod offsets;
 mod position;
 mod schema;
+mod settings;
 mod shutdown;
 mod stats;
+mod store;
 mod telemetry;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
@@ -85,12 +89,13 @@ pub mod test_util;
 pub use batch_positions::BatchPositions;
 pub use builder::ConsumerBuilder;
 pub use consumer::Consumer;
+pub use dead_letter::DeadLetter;
 pub use error::ConsumerError;
 pub use fate::{Fate, Reason};
 pub use handler::{Handler, decode_json};
 pub use offset_store::OffsetStore;
-pub use offsets::stored_offsets;
 pub use position::Position;
 pub use schema::{MIGRATOR, Schema, migrate};
 pub use shutdown::shutdown_signal;
 pub use stats::{Snapshot, Stats, caught_up};
+pub use store::{dead_letters, stored_offsets};

@@ -46,7 +46,7 @@ impl Position {
     /// Positions only move forward: a late write of an older position (a consumer that
     /// lost the partition finishing its last message) leaves a newer one in place.
     pub async fn store(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        crate::offsets::store_all(
+        crate::store::store_positions(
             conn,
             &self.schema,
             &self.group,

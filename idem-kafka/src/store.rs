@@ -1,0 +1,220 @@
+//! The store: the only code with SQL on idem-kafka's own tables, in the schema of a
+//! [`Schema`] (see the crate's migrations).
+//!
+//! - `kafka_offsets`: consumer offsets stored in PostgreSQL, next to the effects they
+//!   stand for ([`OffsetStore::Postgres`](crate::OffsetStore::Postgres)). The handler's
+//!   transaction writes the business effects, the key's `success` and the partition's
+//!   next offset, and commits them together; on partition assignment the consumer starts
+//!   from the stored offset, so after a crash it re-reads at most the messages whose
+//!   transaction had not committed yet, plus the duplicates and dead letters read since
+//!   the last flush. Positions only move forward.
+//! - `kafka_dead_letters`: messages that can never be handled, with the raw key and
+//!   payload bytes, why they were set aside, the error text and their coordinates.
+//!   Coordinates are unique per consumer group, so a message dead-lettered again after a
+//!   redelivery is recorded once.
+
+use std::collections::HashMap;
+
+use idem_runtime::Idem;
+use sqlx::{Connection, PgConnection};
+
+use crate::dead_letter::DeadLetter;
+use crate::delivery::Delivery;
+use crate::fate::Reason;
+use crate::schema::Schema;
+
+fn offsets_table(schema: &Schema) -> String {
+    format!("{}.kafka_offsets", schema.as_str())
+}
+
+fn dead_letters_table(schema: &Schema) -> String {
+    format!("{}.kafka_dead_letters", schema.as_str())
+}
+
+/// Runs `job` on `conn` outside the handler's transaction. Behind a transaction pooler it
+/// runs in a transaction of its own: sqlx parses a statement in one round trip and binds
+/// it in the next, and only an open transaction keeps the two on one server connection.
+pub(crate) async fn alone<T>(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    job: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    if schema.prepared() {
+        return job(conn).await;
+    }
+    let mut tx = conn.begin().await?;
+    let value = job(&mut tx).await?;
+    tx.commit().await?;
+    Ok(value)
+}
+
+/// Records several positions (topic, partition, next offset) of one group in one
+/// statement (forward only).
+pub(crate) async fn store_positions(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    group: &str,
+    positions: &[(String, i32, i64)],
+) -> Result<(), sqlx::Error> {
+    if positions.is_empty() {
+        return Ok(());
+    }
+    let topics: Vec<&str> = positions
+        .iter()
+        .map(|(topic, _, _)| topic.as_str())
+        .collect();
+    let partitions: Vec<i32> = positions
+        .iter()
+        .map(|(_, partition, _)| *partition)
+        .collect();
+    let offsets: Vec<i64> = positions.iter().map(|(_, _, offset)| *offset).collect();
+    let table = offsets_table(schema);
+    sqlx::query(&format!(
+        "INSERT INTO {table} AS o (consumer_group, topic, kafka_partition, next_offset)
+         SELECT $1, topic, kafka_partition, next_offset
+         FROM unnest($2::text[], $3::int[], $4::bigint[]) AS p(topic, kafka_partition, next_offset)
+         ORDER BY topic, kafka_partition
+         ON CONFLICT (consumer_group, topic, kafka_partition) DO UPDATE
+         SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset),
+             updated_at = now()"
+    ))
+    .bind(group)
+    .bind(&topics)
+    .bind(&partitions)
+    .bind(&offsets)
+    .persistent(schema.prepared())
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The stored next offsets of `group` in `topic`, by partition. Partitions without a row
+/// are absent (the consumer then starts where Kafka's committed offset or
+/// `auto.offset.reset` says).
+pub async fn stored_offsets(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    group: &str,
+    topic: &str,
+) -> Result<HashMap<i32, i64>, sqlx::Error> {
+    let rows: Vec<(i32, i64)> = sqlx::query_as(&format!(
+        "SELECT kafka_partition, next_offset FROM {} WHERE consumer_group = $1 AND topic = $2",
+        offsets_table(schema)
+    ))
+    .bind(group)
+    .bind(topic)
+    .persistent(schema.prepared())
+    .fetch_all(conn)
+    .await?;
+    Ok(rows.into_iter().collect())
+}
+
+/// Records `delivery` as dead for `group`. Returns `false` if it was already recorded
+/// (a redelivery).
+pub(crate) async fn insert_dead_letter(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    group: &str,
+    delivery: &Delivery,
+    reason: Reason,
+    error: &str,
+) -> Result<bool, sqlx::Error> {
+    let inserted = sqlx::query(&format!(
+        "INSERT INTO {}
+            (consumer_group, topic, kafka_partition, kafka_offset, message_key, payload, reason, error)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (consumer_group, topic, kafka_partition, kafka_offset) DO NOTHING",
+        dead_letters_table(schema)
+    ))
+    .bind(group)
+    .bind(&delivery.topic)
+    .bind(delivery.partition)
+    .bind(delivery.offset)
+    .bind(delivery.key.as_deref())
+    .bind(delivery.payload.as_deref())
+    .bind(reason.as_str())
+    .bind(error)
+    .persistent(schema.prepared())
+    .execute(conn)
+    .await?;
+    Ok(inserted.rows_affected() == 1)
+}
+
+/// A row of `kafka_dead_letters`, as selected by [`dead_letters`].
+type DeadLetterRow = (
+    String,
+    String,
+    i32,
+    i64,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    String,
+    String,
+    chrono::DateTime<chrono::Utc>,
+);
+
+/// The dead letters of consumer group `group`, kept in the tables of `schema`, by topic,
+/// partition and offset: the messages the group's consumers set aside as never
+/// handleable ([`Fate::DeadLetter`](crate::Fate::DeadLetter), or undecodable), to look at
+/// and replay.
+///
+/// `schema` is the one the consumers were built with: [`Schema::for_idem`] by default, or
+/// [`Consumer::schema`](crate::Consumer::schema). The table keeps every dead letter until
+/// it is deleted, and all of the group's are returned.
+///
+/// ```no_run
+/// # async fn f(idem: idem_runtime::Idem) -> Result<(), sqlx::Error> {
+/// use idem_kafka::Schema;
+///
+/// for dead in idem_kafka::dead_letters(&idem, &Schema::for_idem(&idem), "order-appliers").await? {
+///     println!("{}/{}@{}: {} ({})", dead.topic, dead.partition, dead.offset, dead.reason, dead.error);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn dead_letters(
+    idem: &Idem,
+    schema: &Schema,
+    group: &str,
+) -> Result<Vec<DeadLetter>, sqlx::Error> {
+    let schema = schema.clone().behind(idem);
+    let mut conn = idem.pool().acquire().await?;
+    let rows: Vec<DeadLetterRow> = alone(&mut conn, &schema, async |conn| {
+        sqlx::query_as(&format!(
+            "SELECT consumer_group, topic, kafka_partition, kafka_offset, message_key, payload,
+                    reason, error, created_at
+             FROM {} WHERE consumer_group = $1
+             ORDER BY topic, kafka_partition, kafka_offset",
+            dead_letters_table(&schema)
+        ))
+        .bind(group)
+        .persistent(schema.prepared())
+        .fetch_all(conn)
+        .await
+    })
+    .await?;
+    rows.into_iter()
+        .map(
+            |(group, topic, partition, offset, key, payload, reason, error, recorded_at)| {
+                let reason = Reason::from_column(&reason).ok_or_else(|| {
+                    sqlx::Error::Decode(
+                        format!(
+                            "unknown dead-letter reason {reason:?} in {topic}/{partition}@{offset}"
+                        )
+                        .into(),
+                    )
+                })?;
+                Ok(DeadLetter {
+                    group,
+                    topic,
+                    partition,
+                    offset,
+                    key,
+                    payload,
+                    reason,
+                    error,
+                    recorded_at,
+                })
+            },
+        )
+        .collect()
+}
