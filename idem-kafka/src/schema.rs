@@ -70,5 +70,5 @@ impl Schema {
 pub async fn migrate(idem: &Idem, schema: &Schema) -> Result<(), ConsumerError> {
     let name = Identifier::new(schema.as_str())
         .map_err(|error| ConsumerError::Config(error.to_string()))?;
-    Ok(idem_runtime::store::migrate_schema(idem.pool(), &name, &MIGRATOR).await?)
+    Ok(idem_runtime::migrations::migrate_schema(idem.pool(), &name, &MIGRATOR).await?)
 }
