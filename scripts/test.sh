@@ -20,6 +20,3 @@ done
 exports=$(scripts/services.sh up --print-env postgres redis kafka pgbouncer)
 eval "$exports"
 cargo test --workspace --all-features "$@"
-# The compile error of the cache's handler arguments without the `redis` feature shows
-# only in a build without it.
-cargo test -p idem-runtime --test redis_ui "$@"

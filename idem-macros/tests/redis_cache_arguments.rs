@@ -1,4 +1,8 @@
-// With the `redis` feature, `cache` and `cache_ttl` are accepted in both modes.
+//! With the runtime's `redis` feature, `cache` and `cache_ttl` are accepted in both modes
+//! (without it they are a compile error that names the feature: `tests/redis_ui.rs`).
+//!
+//! An ordinary test rather than a trybuild pass case: trybuild builds the runtime with the
+//! features of this package's dev-dependency, which leaves `redis` off.
 use idem_runtime::{Idem, Outcome, idempotent, lease::Lease};
 use sqlx::PgConnection;
 
@@ -26,7 +30,6 @@ async fn notify_uncached(_event: &Event) -> Result<(), std::io::Error> {
     Ok(())
 }
 
-#[allow(dead_code)]
 async fn deliver(idem: &Idem, event: &Event) {
     let _: Outcome<()> = uncached(idem, event).await.unwrap();
     let _: Outcome<u32> = short_lived(idem, event).await.unwrap();
@@ -34,4 +37,8 @@ async fn deliver(idem: &Idem, event: &Event) {
     let _: Outcome<()> = notify_uncached(idem, event).await.unwrap();
 }
 
-fn main() {}
+#[test]
+fn cache_arguments_compile_with_the_feature() {
+    // Compiling the handlers is the test; their calls type-check in `deliver`.
+    let _ = deliver;
+}
