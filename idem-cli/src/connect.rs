@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection, PgPool};
 
-use crate::Failure;
+use crate::failure::Failure;
 
 /// The connect options of `url`, or those of the libpq variables (`PGHOST`, `PGPORT`,
 /// `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, ...) without one.

@@ -22,6 +22,8 @@
 //! (`{"error": "...", "kind": "unknown_key"}`).
 
 mod connect;
+mod duration;
+mod failure;
 mod output;
 
 use std::process::ExitCode;
@@ -32,6 +34,9 @@ use idem_runtime::Idem;
 use idem_runtime::admin::{self, AdminError, Cursor, KeyField, KeyFilter};
 use idem_runtime::retention::Retention;
 use uuid::Uuid;
+
+use crate::duration::parse_duration;
+use crate::failure::Failure;
 
 /// The operator's tool for the status table of idem's idempotent handlers.
 #[derive(Debug, Parser)]
@@ -195,87 +200,10 @@ struct PurgeArgs {
     dry_run: bool,
 }
 
-/// An error with its exit code.
-#[derive(Debug)]
-pub struct Failure {
-    code: u8,
-    kind: &'static str,
-    message: String,
-}
-
-impl Failure {
-    fn new(code: u8, kind: &'static str, message: impl Into<String>) -> Self {
-        Failure {
-            code,
-            kind,
-            message: message.into(),
-        }
-    }
-
-    /// A URL that does not parse.
-    pub fn bad_url(message: String) -> Self {
-        Failure::new(3, "bad_url", message)
-    }
-
-    /// A database that cannot be reached.
-    pub fn connect(message: String) -> Self {
-        Failure::new(4, "connect", message)
-    }
-
-    fn usage(message: impl Into<String>) -> Self {
-        Failure::new(2, "usage", message)
-    }
-}
-
-impl From<AdminError> for Failure {
-    fn from(error: AdminError) -> Self {
-        let (code, kind) = match &error {
-            AdminError::NotMigrated { .. } => (5, "not_migrated"),
-            AdminError::UnknownKey { .. } => (6, "unknown_key"),
-            AdminError::WrongStatus { .. } => (7, "wrong_status"),
-            AdminError::InvalidSelection(_) | AdminError::KeyField(_) | AdminError::Key(_) => {
-                (2, "usage")
-            }
-            _ => (1, "database"),
-        };
-        Failure::new(code, kind, error.to_string())
-    }
-}
-
-impl From<sqlx::Error> for Failure {
-    fn from(error: sqlx::Error) -> Self {
-        Failure::new(1, "database", format!("database error: {error}"))
-    }
-}
-
 fn parse_status(text: &str) -> Result<idem_runtime::Status, String> {
     admin::parse_status(text).ok_or_else(|| {
         format!("unknown status {text:?}: use processing, success, failed or parked")
     })
-}
-
-/// `500ms`, `90s`, `15m`, `2h`, `7d`.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration such as 90s, 15m, 2h or 7d"))?;
-    let seconds = match unit {
-        "ms" => return Ok(Duration::from_millis(number)),
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        _ => return Err(format!("{text:?}: the unit is one of ms, s, m, h, d")),
-    };
-    number
-        .checked_mul(seconds)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{text:?} is too long"))
 }
 
 fn main() -> ExitCode {
