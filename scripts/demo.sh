@@ -31,6 +31,6 @@ echo "== services"
 exports=$(scripts/services.sh up --print-env postgres kafka)
 eval "$exports"
 echo "== building the demo (release; the first build takes 10 to 15 minutes on 2 cores)"
-cargo build --quiet --release --bin demo
+cargo build --quiet --release -p idem-demo --bin demo
 echo "== running it"
-cargo run --quiet --release --bin demo -- "$@"
+cargo run --quiet --release -p idem-demo --bin demo -- "$@"

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 /// The first ```rust block of the README, split into its items (imports, the handler)
 /// and the statements of the consumer loop that follow them.
 fn first_snippet() -> (String, String) {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
         .expect("read README.md");
     let start = readme.find("```rust\n").expect("a rust snippet") + "```rust\n".len();
     let end = start + readme[start..].find("\n```").expect("the snippet's end");

@@ -41,7 +41,7 @@ impl Services {
     }
 
     fn run(&self, args: &[&str]) -> Output {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh");
         let output = Command::new("bash")
             .arg(script)
             .args(args)

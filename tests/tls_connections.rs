@@ -26,8 +26,8 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use idem_runtime::{Idem, Outcome, idempotent};
-use idem_suite::orders::OrderEvent;
-use idem_suite::testing;
+use idem_demo::orders::OrderEvent;
+use idem_runtime::testing::count_rows;
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
@@ -46,7 +46,7 @@ struct Receipt {
 
 #[idempotent(key = "order_id", scope = "tls_pay")]
 async fn pay(tx: &mut PgConnection, event: &OrderEvent) -> Result<Receipt, sqlx::Error> {
-    let payment_id = testing::insert_effect(tx, event).await?;
+    let payment_id = fixtures::insert_effect(tx, event).await?;
     let (encrypted, tls_version) = session_tls(tx).await?;
     Ok(Receipt {
         payment_id,
@@ -152,7 +152,7 @@ impl Workspace {
     }
 
     fn services(&self, args: &[&str]) -> Output {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh");
         let output = Command::new("bash")
             .arg(script)
             .args(args)
@@ -296,8 +296,8 @@ async fn postgres_and_redis_over_tls_with_a_private_ca() {
         .connect(&tls_url)
         .await
         .expect("a verify-full pool with the test's CA");
-    let idem = testing::setup(&pool).await;
-    let event = testing::paid("o-tls", 4_200);
+    let idem = fixtures::setup(&pool).await;
+    let event = fixtures::paid("o-tls", 4_200);
     let Outcome::Executed(receipt) = pay(&idem, &event).await.expect("the first delivery") else {
         panic!("the first delivery executes");
     };
@@ -311,7 +311,7 @@ async fn postgres_and_redis_over_tls_with_a_private_ca() {
         pay(&idem, &event).await.expect("the duplicate"),
         Outcome::Duplicate(Some(receipt.clone()))
     );
-    assert_eq!(testing::count_rows(&pool, "order_effects").await, 1);
+    assert_eq!(count_rows(&pool, "order_effects").await, 1);
     let key = idem_runtime::key::KeyBuilder::new()
         .part("order_id", &event.order_id)
         .unwrap()
@@ -321,7 +321,7 @@ async fn postgres_and_redis_over_tls_with_a_private_ca() {
         .await
         .unwrap()
         .expect("a record");
-    assert_eq!(record.status, idem_runtime::store::Status::Success);
+    assert_eq!(record.status, idem_runtime::Status::Success);
     println!("handler over TLS: {receipt:?}");
 
     // The certificate's DNS name verifies too; a plain session is reported as such.
@@ -499,7 +499,7 @@ mod redis_over_tls {
             .redis(cache)
             .build()
             .expect("valid settings");
-        let event = testing::paid("o-tls-cached", 900);
+        let event = fixtures::paid("o-tls-cached", 900);
         let Outcome::Executed(receipt) = pay(&idem, &event).await.expect("the first delivery")
         else {
             panic!("the first delivery executes");

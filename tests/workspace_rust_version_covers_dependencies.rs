@@ -29,7 +29,7 @@ fn version(text: &str) -> (u64, u64, u64) {
 
 #[test]
 fn workspace_rust_version_covers_dependencies() {
-    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
     let output = Command::new(env!("CARGO"))
         .args([
             "metadata",

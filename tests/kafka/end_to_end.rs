@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_kafka::{OffsetStore, Stats};
-use idem_runtime::store::Status;
-use idem_suite::kafka::handlers;
-use idem_suite::kafka::producer::{MalformedKind, Plan, PlanConfig, RecordKind};
-use idem_suite::kafka::verify;
+use idem_runtime::Status;
+use idem_demo::kafka::handlers;
+use idem_demo::kafka::producer::{MalformedKind, Plan, PlanConfig, RecordKind};
+use idem_demo::kafka::verify;
 use sqlx::PgPool;
 
 use crate::support::{Harness, total, wait_until};
@@ -144,7 +144,7 @@ async fn scenario(harness: Harness, offsets: OffsetStore, batch_size: usize) {
         .iter()
         .filter(|m| m.kind == MalformedKind::Parked)
     {
-        let event: idem_suite::orders::OrderEvent =
+        let event: idem_demo::orders::OrderEvent =
             serde_json::from_slice(&malformed.payload).unwrap();
         let (key, _) = handlers::key_and_fingerprint(&event).unwrap();
         let record = harness.idem.record(handlers::SCOPE, key).await.unwrap();

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use idem_kafka::{Fate, Handler, OffsetStore, Position, Stats};
 use idem_runtime::{Idem, idempotent};
-use idem_suite::kafka::producer::create_producer;
-use idem_suite::kafka::verify;
+use idem_demo::kafka::producer::create_producer;
+use idem_demo::kafka::verify;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::FutureRecord;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};

@@ -6,12 +6,12 @@
 use chrono::Utc;
 use idem_kafka::{BatchPositions, Position, Schema};
 use idem_runtime::{Error, Idem, Outcome};
-use idem_suite::kafka;
-use idem_suite::kafka::handlers::{
+use idem_demo::kafka;
+use idem_demo::kafka::handlers::{
     self, apply_order_event, apply_order_event_at_offsets_batch, key_and_fingerprint,
 };
-use idem_suite::kafka::producer::event_key;
-use idem_suite::orders::{EventType, OrderEvent};
+use idem_demo::kafka::producer::event_key;
+use idem_demo::orders::{EventType, OrderEvent};
 use sqlx::PgPool;
 
 const GROUP: &str = "g";

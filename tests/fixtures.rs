@@ -1,35 +1,26 @@
-//! Support for the integration tests: a migrated runtime over a fresh database, row counts,
-//! order events, and checkpoints that pause a handler body where a test wants it.
+//! The fixtures of the cross-crate suites: the demo's business table `order_effects` over
+//! a runtime migrated by idem-runtime's testing kit, `paid` order events, and the business
+//! write of a handler.
 //!
 //! ```no_run
 //! # async fn test(pool: sqlx::PgPool) {
-//! use idem_suite::testing;
-//!
-//! let idem = testing::setup(&pool).await;
-//! assert_eq!(testing::count_rows(&pool, "order_effects").await, 0);
+//! let idem = fixtures::setup(&pool).await;
+//! assert_eq!(idem_runtime::testing::count_rows(&pool, "order_effects").await, 0);
 //! # let _ = idem; }
 //! ```
 
-use idem_runtime::Idem;
-pub use idem_runtime::testing::{Checkpoint, count_rows, wait_for_lease_expiry};
+use idem_demo::orders::{CREATE_ORDER_EFFECTS, EventType, OrderEvent};
+use idem_runtime::{Idem, testing};
 use sqlx::PgPool;
 
-use crate::orders::{CREATE_ORDER_EFFECTS, EventType, OrderEvent};
-
-/// Creates the business table `order_effects` and the status table (schema `idem`), and
-/// returns a runtime handle with the default settings.
+/// Creates the business table `order_effects` and returns [`testing::idem`]: a runtime
+/// handle with the default settings, its status table migrated (schema `idem`).
 pub async fn setup(pool: &PgPool) -> Idem {
-    setup_with(Idem::new(pool.clone())).await
-}
-
-/// Creates the business table `order_effects` and migrates `idem`'s status table.
-pub async fn setup_with(idem: Idem) -> Idem {
     sqlx::query(CREATE_ORDER_EFFECTS)
-        .execute(idem.pool())
+        .execute(pool)
         .await
         .expect("create order_effects");
-    idem.migrate().await.expect("migrate the status table");
-    idem
+    testing::idem(pool.clone()).await
 }
 
 /// A `paid` event of `order_id` for `amount_cents`.

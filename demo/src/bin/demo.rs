@@ -4,7 +4,7 @@
 //! applied exactly once.
 //!
 //! Run it with `scripts/demo.sh`, which first starts what is missing (PostgreSQL, the
-//! `tansu` broker). Directly: `cargo run --release --bin demo -- --help`.
+//! `tansu` broker). Directly: `cargo run --release -p idem-demo --bin demo -- --help`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use idem_kafka::{Consumer, OffsetStore, Snapshot, Stats};
 use idem_runtime::Idem;
-use idem_suite::kafka::handlers::OrderEvents;
-use idem_suite::kafka::producer::{self, MalformedKind, Plan, PlanConfig};
-use idem_suite::kafka::{self, DEFAULT_BROKERS, admin, verify};
+use idem_demo::kafka::handlers::OrderEvents;
+use idem_demo::kafka::producer::{self, MalformedKind, Plan, PlanConfig};
+use idem_demo::kafka::{self, DEFAULT_BROKERS, admin, verify};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor, PgConnection};
 

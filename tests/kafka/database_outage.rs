@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::support::{Harness, wait_until};
 use idem_kafka::OffsetStore;
-use idem_suite::kafka::producer::{Plan, PlanConfig};
-use idem_suite::kafka::verify;
+use idem_demo::kafka::producer::{Plan, PlanConfig};
+use idem_demo::kafka::verify;
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
 #[sqlx::test(migrations = false)]

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use idem_kafka::OffsetStore;
-use idem_suite::kafka::producer::{Plan, PlanConfig};
+use idem_demo::kafka::producer::{Plan, PlanConfig};
 use sqlx::PgPool;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};

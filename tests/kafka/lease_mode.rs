@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 
 use crate::support::{Harness, total, wait_until};
 use idem_kafka::Stats;
-use idem_runtime::store::Status;
-use idem_suite::kafka::handlers::key_and_fingerprint;
-use idem_suite::kafka::notifications::{self, Crash, LEASE, NotificationService, ServiceSettings};
-use idem_suite::kafka::producer::{Plan, PlanConfig};
-use idem_suite::kafka::verify;
-use idem_suite::orders::{EventType, OrderEvent};
+use idem_runtime::Status;
+use idem_demo::kafka::handlers::key_and_fingerprint;
+use idem_demo::kafka::notifications::{self, Crash, LEASE, NotificationService, ServiceSettings};
+use idem_demo::kafka::producer::{Plan, PlanConfig};
+use idem_demo::kafka::verify;
+use idem_demo::orders::{EventType, OrderEvent};
 use sqlx::PgPool;
 use uuid::Uuid;
 

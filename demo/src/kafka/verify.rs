@@ -105,8 +105,8 @@ pub async fn verify(pool: &PgPool, facts: &[OrderEvent]) -> Result<Verification,
     })
 }
 
-/// A row of the dead-letter table.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+/// A dead letter, as the checks compare them.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetter {
     /// The partition.
     pub kafka_partition: i32,
@@ -120,14 +120,20 @@ pub struct DeadLetter {
     pub error: String,
 }
 
-/// The dead letters of `group` (in the default schema of idem-kafka's tables,
-/// `idem_kafka`), by partition and offset.
+/// The dead letters of `group` (in the default schema of idem-kafka's tables), by
+/// partition and offset, as [`idem_kafka::dead_letters`] reads them.
 pub async fn dead_letters(pool: &PgPool, group: &str) -> Result<Vec<DeadLetter>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT kafka_partition, kafka_offset, payload, reason, error FROM idem_kafka.kafka_dead_letters
-         WHERE consumer_group = $1 ORDER BY kafka_partition, kafka_offset",
-    )
-    .bind(group)
-    .fetch_all(pool)
-    .await
+    let idem = idem_runtime::Idem::new(pool.clone());
+    let schema = idem_kafka::Schema::for_idem(&idem);
+    let dead = idem_kafka::dead_letters(&idem, &schema, group).await?;
+    Ok(dead
+        .into_iter()
+        .map(|dead| DeadLetter {
+            kafka_partition: dead.partition,
+            kafka_offset: dead.offset,
+            payload: dead.payload,
+            reason: dead.reason.to_string(),
+            error: dead.error,
+        })
+        .collect())
 }

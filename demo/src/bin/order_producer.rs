@@ -2,14 +2,14 @@
 //! twice or more as a retrying producer does, and optionally some malformed messages.
 //!
 //! ```text
-//! cargo run --bin order_producer -- --topic orders --events 1000 --duplicate-rate 0.2
+//! cargo run -p idem-demo --bin order_producer -- --topic orders --events 1000 --duplicate-rate 0.2
 //! ```
 
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use idem_suite::kafka::producer::{self, Plan, PlanConfig, RecordKind};
-use idem_suite::kafka::{self, DEFAULT_BROKERS, admin};
+use idem_demo::kafka::producer::{self, Plan, PlanConfig, RecordKind};
+use idem_demo::kafka::{self, DEFAULT_BROKERS, admin};
 
 /// Publishes order events with duplicate sends.
 #[derive(Debug, Parser)]
