@@ -1,67 +1,18 @@
 //! Code generation of `#[derive(KeyPart)]`.
 
-use proc_macro2::{Span, TokenStream, TokenTree};
+use proc_macro2::TokenStream;
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{Data, DeriveInput, Fields, LitStr, Path, parse_quote};
 
-pub fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
-    let private = crate::private_module(krate(input)?.as_ref());
+use crate::tokens::respan;
+
+/// The `KeyPart` and `SoleKeyPart` impls of the type `input`.
+pub(crate) fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
+    let private = crate::runtime::private_module(krate(input)?.as_ref());
     let body = match &input.data {
-        Data::Struct(data) => {
-            let bindings = bindings(&data.fields);
-            let pattern = pattern(quote!(Self), &data.fields, &bindings);
-            match bindings.as_slice() {
-                [] => {
-                    return Err(syn::Error::new_spanned(
-                        &input.ident,
-                        "a struct without fields has no value to key on",
-                    ));
-                }
-                [_] => {
-                    let encode = encode(&private, &data.fields, &bindings);
-                    quote! {
-                        let #pattern = self;
-                        #(#encode)*
-                    }
-                }
-                _ => {
-                    let encode = encode(&private, &data.fields, &bindings);
-                    quote! {
-                        let #pattern = self;
-                        encoder.list(|encoder| {
-                            #(#encode?;)*
-                            ::core::result::Result::Ok(())
-                        })
-                    }
-                }
-            }
-        }
-        Data::Enum(data) => {
-            if data.variants.is_empty() {
-                return Err(syn::Error::new_spanned(
-                    &input.ident,
-                    "an enum without variants has no value to key on",
-                ));
-            }
-            let arms = data.variants.iter().map(|variant| {
-                let ident = &variant.ident;
-                let name = ident.to_string();
-                let bindings = bindings(&variant.fields);
-                let pattern = pattern(quote!(Self::#ident), &variant.fields, &bindings);
-                if bindings.is_empty() {
-                    quote!(#pattern => { encoder.string(#name); ::core::result::Result::Ok(()) })
-                } else {
-                    let encode = encode(&private, &variant.fields, &bindings);
-                    quote!(#pattern => encoder.list(|encoder| {
-                        encoder.string(#name);
-                        #(#encode?;)*
-                        ::core::result::Result::Ok(())
-                    }),)
-                }
-            });
-            quote!(match self { #(#arms)* })
-        }
+        Data::Struct(data) => struct_body(&private, input, &data.fields)?,
+        Data::Enum(data) => enum_body(&private, input, data)?,
         Data::Union(data) => {
             return Err(syn::Error::new(
                 data.union_token.span,
@@ -106,6 +57,68 @@ pub fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
     })
 }
 
+/// The encoding of a struct: its one field, or the list of its fields.
+fn struct_body(
+    private: &TokenStream,
+    input: &DeriveInput,
+    fields: &Fields,
+) -> syn::Result<TokenStream> {
+    let bindings = bindings(fields);
+    let pattern = pattern(quote!(Self), fields, &bindings);
+    let encode = encode(private, fields, &bindings);
+    Ok(match bindings.as_slice() {
+        [] => {
+            return Err(syn::Error::new_spanned(
+                &input.ident,
+                "a struct without fields has no value to key on",
+            ));
+        }
+        [_] => quote! {
+            let #pattern = self;
+            #(#encode)*
+        },
+        _ => quote! {
+            let #pattern = self;
+            encoder.list(|encoder| {
+                #(#encode?;)*
+                ::core::result::Result::Ok(())
+            })
+        },
+    })
+}
+
+/// The encoding of an enum: its variant's name, followed by its fields for variants that
+/// have some.
+fn enum_body(
+    private: &TokenStream,
+    input: &DeriveInput,
+    data: &syn::DataEnum,
+) -> syn::Result<TokenStream> {
+    if data.variants.is_empty() {
+        return Err(syn::Error::new_spanned(
+            &input.ident,
+            "an enum without variants has no value to key on",
+        ));
+    }
+    let arms = data.variants.iter().map(|variant| {
+        let ident = &variant.ident;
+        let name = ident.to_string();
+        let bindings = bindings(&variant.fields);
+        let pattern = pattern(quote!(Self::#ident), &variant.fields, &bindings);
+        if bindings.is_empty() {
+            quote!(#pattern => { encoder.string(#name); ::core::result::Result::Ok(()) })
+        } else {
+            let encode = encode(private, &variant.fields, &bindings);
+            quote!(#pattern => encoder.list(|encoder| {
+                encoder.string(#name);
+                #(#encode?;)*
+                ::core::result::Result::Ok(())
+            }),)
+        }
+    });
+    Ok(quote!(match self { #(#arms)* }))
+}
+
 /// The path of `#[key_part(crate = "...")]`, for a renamed `idem_runtime` dependency.
 fn krate(input: &DeriveInput) -> syn::Result<Option<Path>> {
     let mut krate = None;
@@ -137,21 +150,10 @@ fn encode(private: &TokenStream, fields: &Fields, bindings: &[syn::Ident]) -> Ve
         .zip(bindings)
         .map(|(field, binding)| {
             let span = field.ty.span();
-            let call = respan(quote!(#private::KeyPart::encode_key_part), span);
+            let call = respan(&quote!(#private::KeyPart::encode_key_part), span);
             let mut binding = binding.clone();
             binding.set_span(span);
             quote_spanned!(span=> #call(#binding, encoder))
-        })
-        .collect()
-}
-
-/// `tokens` (a path, without groups) with every span set to `span`.
-fn respan(tokens: TokenStream, span: Span) -> TokenStream {
-    tokens
-        .into_iter()
-        .map(|mut token: TokenTree| {
-            token.set_span(span);
-            token
         })
         .collect()
 }

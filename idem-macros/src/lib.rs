@@ -1,35 +1,21 @@
 //! The `#[idempotent]` attribute and `#[derive(KeyPart)]` of idem.
 //!
 //! Use them through `idem_runtime`, which re-exports both and documents them; this crate
-//! only parses (`parse`), checks (`validate`) and generates code (`generate`,
-//! `batch_handler`, `derive`) that calls the runtime's versioned private module
-//! ([`private_module`]).
+//! only parses the arguments (`args`), checks them against the handler (`validate`) and
+//! generates code (`generate`, `derive`) that calls the runtime's versioned private
+//! module (`runtime::private_module`). The modules depend one way: `args` and `tokens`
+//! on nothing of this crate, `validate` on `args`, `generate` and `derive` on those and
+//! on `runtime`.
 
-mod batch_handler;
+mod args;
 mod derive;
 mod generate;
-mod parse;
+mod runtime;
+mod tokens;
 mod validate;
 
 use proc_macro::TokenStream;
-use quote::{ToTokens, quote};
-
-/// The path of the module of the runtime that generated code calls:
-/// `<krate>::__private_v<version>`, with `krate` the runtime's path (`::idem_runtime`
-/// unless renamed). idem-runtime's build.rs derives the same name from its version, and
-/// the workspace pins this crate to that version with `=`: generated code never meets a
-/// runtime of another version. The only place the name is written.
-pub(crate) fn private_module(krate: Option<&syn::Path>) -> proc_macro2::TokenStream {
-    let name: String = concat!("__private_v", env!("CARGO_PKG_VERSION"))
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    let name = proc_macro2::Ident::new(&name, proc_macro2::Span::call_site());
-    match krate {
-        Some(krate) => quote!(#krate::#name),
-        None => quote!(::idem_runtime::#name),
-    }
-}
+use quote::ToTokens;
 
 /// Makes an async handler idempotent over PostgreSQL. See `idem_runtime` for the arguments,
 /// the generated code and the guarantees.
@@ -41,7 +27,7 @@ pub(crate) fn private_module(krate: Option<&syn::Path>) -> proc_macro2::TokenStr
 /// running its body once per new message.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
-    let mut parsed = parse::Args::default();
+    let mut parsed = args::Args::default();
     let parser = syn::meta::parser(|meta| parsed.parse(meta));
     if let Err(error) = syn::parse::Parser::parse(parser, args) {
         parsed.errors.push(error);

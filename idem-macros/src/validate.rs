@@ -6,7 +6,7 @@ use quote::ToTokens;
 use syn::spanned::Spanned;
 use syn::{FnArg, Ident, ItemFn, Pat, PatType, ReturnType, Type};
 
-use crate::parse::{Args, Mode};
+use crate::args::{Args, Mode};
 
 /// The handler's parts that the expansion needs, once checked.
 pub(crate) struct Handler<'a> {
@@ -65,7 +65,48 @@ fn check_signature<'a>(
             "#[idempotent] handlers must be `async fn`: the body runs inside a database transaction",
         ));
     }
-    let output = match &sig.output {
+    let output = check_output(sig, errors);
+    let mut typed = sig.inputs.iter().filter_map(|input| match input {
+        FnArg::Typed(typed) => Some(typed),
+        FnArg::Receiver(_) => None,
+    });
+    if mode == Mode::Lease {
+        return check_lease_signature(sig, typed, output, errors);
+    }
+    check_no_exclusive_borrows(sig, errors);
+    let connection = check_connection(sig, typed.next(), errors);
+    let message_param = typed.next();
+    let batch_of = match message_param.map(|param| slice_message(param)) {
+        Some(Slice::Batch(element)) => Some(element),
+        Some(Slice::Wrong(error)) => {
+            errors.push(error);
+            None
+        }
+        Some(Slice::No) | None => None,
+    };
+    let message = match message_param {
+        Some(message) => message_name(message, errors),
+        None if connection.is_some() => {
+            errors.push(syn::Error::new(
+                sig.paren_token.span.close(),
+                "an #[idempotent] handler needs the message after the connection: `(tx: &mut PgConnection, message: &Message)`",
+            ));
+            None
+        }
+        None => None,
+    };
+    Some(Handler {
+        context: Some(connection?),
+        message_param: message_param?,
+        message: message?,
+        output: output?,
+        batch_of,
+    })
+}
+
+/// The return type, if it may be a `Result`.
+fn check_output<'a>(sig: &'a syn::Signature, errors: &mut Vec<syn::Error>) -> Option<&'a Type> {
+    match &sig.output {
         ReturnType::Type(_, ty) if is_not_result(ty) => {
             errors.push(syn::Error::new_spanned(
                 ty,
@@ -84,17 +125,16 @@ fn check_signature<'a>(
             ));
             None
         }
-    };
-
-    let mut typed = sig.inputs.iter().filter_map(|input| match input {
-        FnArg::Typed(typed) => Some(typed),
-        FnArg::Receiver(_) => None,
-    });
-    if mode == Mode::Lease {
-        return check_lease_signature(sig, typed, output, errors);
     }
-    check_no_exclusive_borrows(sig, errors);
-    let connection = match typed.next() {
+}
+
+/// The first parameter of a transaction-mode handler, if it is the connection.
+fn check_connection<'a>(
+    sig: &syn::Signature,
+    first: Option<&'a PatType>,
+    errors: &mut Vec<syn::Error>,
+) -> Option<&'a PatType> {
+    match first {
         Some(lease) if is_reference_to(&lease.ty, "Lease") => {
             errors.push(syn::Error::new_spanned(
                 &lease.ty,
@@ -117,43 +157,21 @@ fn check_signature<'a>(
             ));
             None
         }
-    };
-    let message_param = typed.next();
-    let batch_of = match message_param.map(|param| slice_message(param)) {
-        Some(Slice::Batch(element)) => Some(element),
-        Some(Slice::Wrong(error)) => {
-            errors.push(error);
-            None
-        }
-        Some(Slice::No) | None => None,
-    };
-    let message = match message_param {
-        Some(message) => match &*message.pat {
-            Pat::Ident(pat) if pat.subpat.is_none() => Some(pat.ident.clone()),
-            other => {
-                errors.push(syn::Error::new_spanned(
-                    other,
-                    "bind the message to a name (e.g. `event: &OrderEvent`): the key is read from its fields",
-                ));
-                None
-            }
-        },
-        None if connection.is_some() => {
-            errors.push(syn::Error::new(
-                sig.paren_token.span.close(),
-                "an #[idempotent] handler needs the message after the connection: `(tx: &mut PgConnection, message: &Message)`",
+    }
+}
+
+/// The name the message parameter is bound to, which the key is read from.
+fn message_name(message: &PatType, errors: &mut Vec<syn::Error>) -> Option<Ident> {
+    match &*message.pat {
+        Pat::Ident(pat) if pat.subpat.is_none() => Some(pat.ident.clone()),
+        other => {
+            errors.push(syn::Error::new_spanned(
+                other,
+                "bind the message to a name (e.g. `event: &OrderEvent`): the key is read from its fields",
             ));
             None
         }
-        None => None,
-    };
-    Some(Handler {
-        context: Some(connection?),
-        message_param: message_param?,
-        message: message?,
-        output: output?,
-        batch_of,
-    })
+    }
 }
 
 /// A transactional body may run again after a serialization failure or a deadlock, so it

@@ -1,0 +1,98 @@
+//! The checks between arguments, each recording what is wrong in `Args::errors`: `lease`
+//! without the lease mode, `batch` in lease mode, `cache_ttl` with `cache = false`,
+//! `shared_scope` without `scope`, and what a batch handler does not take.
+
+use super::{Args, CacheArg, Mode};
+
+impl Args {
+    /// The handler's mode; records an error for a `lease` without `mode = "lease"`.
+    pub(crate) fn mode(&mut self) -> Mode {
+        let mode = self
+            .mode
+            .as_ref()
+            .map_or(Mode::Transaction, |(mode, _)| *mode);
+        if let (Mode::Transaction, Some((_, literal))) = (mode, &self.lease) {
+            self.errors.push(syn::Error::new(
+                literal.span(),
+                "`lease` applies to lease-mode handlers only: add `mode = \"lease\"`",
+            ));
+        }
+        mode
+    }
+
+    /// Whether to generate the batch variant; records an error for a lease-mode batch.
+    pub(crate) fn batch(&mut self, mode: Mode) -> bool {
+        let Some(flag) = &self.batch else {
+            return false;
+        };
+        if flag.value && mode == Mode::Lease {
+            self.errors.push(syn::Error::new(
+                flag.span,
+                "`batch` applies to transaction-mode handlers only: a batch shares one database transaction",
+            ));
+        }
+        flag.value
+    }
+
+    /// Records an error for each argument that has no meaning for a batch handler (one
+    /// whose message parameter is a slice): `batch = true`, `store_result`, `cache` and
+    /// `cache_ttl`.
+    pub(crate) fn check_batch_handler(&mut self) {
+        if let Some(flag) = self.batch.as_ref().filter(|flag| flag.value) {
+            self.errors.push(syn::Error::new(
+                flag.span,
+                "this handler takes a slice of messages, so it is a batch handler already: remove `batch = true` (which generates `<handler>_batch` for a handler of one message)",
+            ));
+        }
+        if let Some(flag) = &self.store_result {
+            self.errors.push(syn::Error::new(
+                flag.span,
+                "a batch handler stores no result: its body runs once for all the new messages of a batch and returns `Result<(), E>`; remove `store_result`",
+            ));
+        }
+        let cache = match (&self.cache, &self.cache_ttl) {
+            (Some(flag), None) => Some((flag.span, "`cache`")),
+            (Some(flag), Some(_)) => Some((flag.span, "`cache` and `cache_ttl`")),
+            (None, Some((_, literal))) => Some((literal.span(), "`cache_ttl`")),
+            (None, None) => None,
+        };
+        if let Some((span, arguments)) = cache {
+            self.errors.push(syn::Error::new(
+                span,
+                format!("a batch handler does not use the Redis cache: one statement decides all the keys of a batch in PostgreSQL; remove {arguments}"),
+            ));
+        }
+    }
+
+    /// The handler's own use of the Redis cache, if it says anything about it. Records an
+    /// error for `cache_ttl` with `cache = false`.
+    pub(crate) fn cache(&mut self) -> Option<CacheArg> {
+        match (&self.cache, &self.cache_ttl) {
+            (Some(flag), Some((_, literal))) if !flag.value => {
+                self.errors.push(syn::Error::new(
+                    literal.span(),
+                    "`cache_ttl` has no effect with `cache = false`: remove one of them",
+                ));
+                None
+            }
+            (_, Some((millis, literal))) => Some(CacheArg::Ttl(*millis, literal.span())),
+            (Some(flag), None) => Some(CacheArg::Switch(flag.value, flag.span)),
+            (None, None) => None,
+        }
+    }
+
+    /// Whether the handler declares its scope shared; records an error for
+    /// `shared_scope = true` without an explicit `scope`.
+    pub(crate) fn shared_scope(&mut self) -> bool {
+        let Some(flag) = self.shared_scope.as_ref().filter(|flag| flag.value) else {
+            return false;
+        };
+        if self.scope.is_none() {
+            self.errors.push(syn::Error::new(
+                flag.span,
+                "`shared_scope = true` needs an explicit `scope = \"...\"`: the default scope (the handler's module path and name) belongs to this handler alone; name the scope that the handlers share, e.g. `scope = \"payments\", shared_scope = true`",
+            ));
+        }
+        true
+    }
+}

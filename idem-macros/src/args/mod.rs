@@ -1,0 +1,240 @@
+//! The arguments of `#[idempotent(...)]`: each one parsed on its own (`name = value`,
+//! recorded with its span, or an error), then the checks between arguments.
+//!
+//! Field lists (`key`, `fingerprint`) are parsed in `fields`, durations (`lease`,
+//! `cache_ttl`, `retention`) in `duration`, and the "did you mean" of an unknown argument
+//! comes from `suggest`.
+
+mod checks;
+mod duration;
+mod fields;
+mod suggest;
+
+use proc_macro2::Span;
+use syn::meta::ParseNestedMeta;
+use syn::{Ident, LitBool, LitInt, LitStr, Path};
+
+pub(crate) use fields::{FieldList, FieldPath};
+
+/// Every argument the attribute accepts, for the "unknown argument" message.
+const VALID: &str = "`key`, `scope`, `shared_scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `retention`, `crate`";
+
+/// How a handler's key is held while its body runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// In the body's own database transaction (the default).
+    Transaction,
+    /// Under a lease committed on its own, for effects outside the database.
+    Lease,
+}
+
+/// A handler-level Redis cache argument, with the span of its value.
+#[derive(Clone, Copy)]
+pub(crate) enum CacheArg {
+    /// `cache = true | false`.
+    Switch(bool, Span),
+    /// `cache_ttl = "..."`, in milliseconds.
+    Ttl(u64, Span),
+}
+
+/// The parsed arguments.
+#[derive(Default)]
+pub(crate) struct Args {
+    pub(crate) key: Option<FieldList>,
+    pub(crate) scope: Option<LitStr>,
+    /// `shared_scope = true`: other handlers may use the same (explicit) scope.
+    pub(crate) shared_scope: Option<LitBool>,
+    pub(crate) fingerprint: Option<FieldList>,
+    pub(crate) max_attempts: Option<LitInt>,
+    pub(crate) store_result: Option<LitBool>,
+    /// `batch = true`: also generate `<handler>_batch` over a slice of messages.
+    pub(crate) batch: Option<LitBool>,
+    pub(crate) krate: Option<Path>,
+    pub(crate) mode: Option<(Mode, LitStr)>,
+    /// `mode` named no known mode: the signature is not checked against either.
+    pub(crate) mode_unknown: bool,
+    /// `lease = "45s"`, in milliseconds. Without it the runtime's default lease applies.
+    pub(crate) lease: Option<(u64, LitStr)>,
+    /// `cache = false`: this handler neither reads nor writes the Redis cache.
+    pub(crate) cache: Option<LitBool>,
+    /// `cache_ttl = "30m"`: the TTL of this handler's Redis cache entries, in milliseconds.
+    pub(crate) cache_ttl: Option<(u64, LitStr)>,
+    /// `retention = "30d"`: how long the handler's `success` keys are kept, in milliseconds.
+    pub(crate) retention: Option<(u64, LitStr)>,
+    /// Errors found so far; they are all reported together.
+    pub(crate) errors: Vec<syn::Error>,
+}
+
+impl Args {
+    /// Parses one `name = value` argument (the callback of [`syn::meta::parser`]). An
+    /// argument in error is recorded and skipped, so that the others are still checked.
+    pub(crate) fn parse(&mut self, meta: ParseNestedMeta<'_>) -> syn::Result<()> {
+        if let Err(error) = self.parse_argument(&meta) {
+            self.errors.push(error);
+            // A `key` written wrongly is not missing as well.
+            if meta.path.is_ident("key") && self.key.is_none() {
+                self.key = Some(FieldList {
+                    span: Span::call_site(),
+                    paths: Vec::new(),
+                });
+            }
+            while !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
+                meta.input.parse::<proc_macro2::TokenTree>()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Parses the argument `meta` names, by the kind of its value.
+    fn parse_argument(&mut self, meta: &ParseNestedMeta<'_>) -> syn::Result<()> {
+        let Some(name) = meta.path.get_ident().map(Ident::to_string) else {
+            return Err(meta.error(format!("unknown argument; expected one of {VALID}")));
+        };
+        let span = meta.path.segments[0].ident.span();
+        match name.as_str() {
+            "key" | "fingerprint" => self.parse_fields(meta, &name, span),
+            "shared_scope" | "batch" | "store_result" | "cache" => {
+                self.parse_flag(meta, &name, span)
+            }
+            "lease" | "cache_ttl" | "retention" => self.parse_duration(meta, &name, span),
+            "scope" => self.parse_scope(meta, span),
+            "max_attempts" => self.parse_max_attempts(meta, span),
+            "mode" => self.parse_mode(meta, span),
+            "crate" => {
+                let literal: LitStr = meta.value()?.parse()?;
+                let path = literal.parse_with(Path::parse_mod_style)?;
+                set(&mut self.krate, path, span, &name, &mut self.errors);
+                Ok(())
+            }
+            _ => Err(meta.error(format!(
+                "unknown argument `{name}`; {}expected one of {VALID}",
+                suggest::did_you_mean(&name, VALID)
+            ))),
+        }
+    }
+
+    /// `key` or `fingerprint`: a list of the message's fields.
+    fn parse_fields(
+        &mut self,
+        meta: &ParseNestedMeta<'_>,
+        name: &str,
+        span: Span,
+    ) -> syn::Result<()> {
+        let list = fields::field_list(meta, name, &mut self.errors)?;
+        let slot = match name {
+            "key" => &mut self.key,
+            _ => &mut self.fingerprint,
+        };
+        set(slot, list, span, name, &mut self.errors);
+        Ok(())
+    }
+
+    /// `shared_scope`, `batch`, `store_result` or `cache`: a `bool`.
+    fn parse_flag(
+        &mut self,
+        meta: &ParseNestedMeta<'_>,
+        name: &str,
+        span: Span,
+    ) -> syn::Result<()> {
+        let literal: LitBool = meta.value()?.parse()?;
+        let slot = match name {
+            "shared_scope" => &mut self.shared_scope,
+            "batch" => &mut self.batch,
+            "store_result" => &mut self.store_result,
+            _ => &mut self.cache,
+        };
+        set(slot, literal, span, name, &mut self.errors);
+        Ok(())
+    }
+
+    /// `lease`, `cache_ttl` or `retention`: a duration in a string (`"30s"`).
+    fn parse_duration(
+        &mut self,
+        meta: &ParseNestedMeta<'_>,
+        name: &str,
+        span: Span,
+    ) -> syn::Result<()> {
+        let literal = duration::duration_literal(meta, name)?;
+        let millis = duration::argument_millis(&literal, name)?;
+        let slot = match name {
+            "lease" => &mut self.lease,
+            "cache_ttl" => &mut self.cache_ttl,
+            _ => &mut self.retention,
+        };
+        set(slot, (millis, literal), span, name, &mut self.errors);
+        Ok(())
+    }
+
+    /// `scope = "..."`: not empty.
+    fn parse_scope(&mut self, meta: &ParseNestedMeta<'_>, span: Span) -> syn::Result<()> {
+        let literal: LitStr = meta.value()?.parse()?;
+        if literal.value().trim().is_empty() {
+            self.errors
+                .push(syn::Error::new(literal.span(), "`scope` must not be empty"));
+        }
+        set(&mut self.scope, literal, span, "scope", &mut self.errors);
+        Ok(())
+    }
+
+    /// `max_attempts = N`, from 1 to `u32::MAX`.
+    fn parse_max_attempts(&mut self, meta: &ParseNestedMeta<'_>, span: Span) -> syn::Result<()> {
+        let literal: LitInt = meta.value()?.parse()?;
+        match literal.base10_parse::<u32>() {
+            Ok(0) => self.errors.push(syn::Error::new(
+                literal.span(),
+                "`max_attempts` must be at least 1: it counts the failed attempts after which a key is parked, and the first delivery is one",
+            )),
+            Err(_) => self.errors.push(syn::Error::new(
+                literal.span(),
+                "`max_attempts` must be a whole number from 1 to 4294967295",
+            )),
+            Ok(_) => {}
+        }
+        set(
+            &mut self.max_attempts,
+            literal,
+            span,
+            "max_attempts",
+            &mut self.errors,
+        );
+        Ok(())
+    }
+
+    /// `mode = "transaction" | "lease"`.
+    fn parse_mode(&mut self, meta: &ParseNestedMeta<'_>, span: Span) -> syn::Result<()> {
+        let literal: LitStr = meta.value()?.parse()?;
+        let mode = match literal.value().as_str() {
+            "transaction" => Mode::Transaction,
+            "lease" => Mode::Lease,
+            other => {
+                self.mode_unknown = true;
+                return Err(syn::Error::new(
+                    literal.span(),
+                    format!(
+                        "unknown mode {other:?}; expected \"transaction\" (the default: the body runs in the claim's database transaction) or \"lease\" (for effects outside the database)"
+                    ),
+                ));
+            }
+        };
+        set(
+            &mut self.mode,
+            (mode, literal),
+            span,
+            "mode",
+            &mut self.errors,
+        );
+        Ok(())
+    }
+}
+
+/// Stores an argument, or records that it was given twice.
+fn set<T>(slot: &mut Option<T>, value: T, span: Span, name: &str, errors: &mut Vec<syn::Error>) {
+    if slot.is_some() {
+        errors.push(syn::Error::new(
+            span,
+            format!("`{name}` is given more than once"),
+        ));
+    } else {
+        *slot = Some(value);
+    }
+}

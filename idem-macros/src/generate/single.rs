@@ -1,0 +1,112 @@
+//! The handler of one message, rewritten: it takes the runtime handle instead of its
+//! connection (or lease guard), derives the message's key and calls the runner of its
+//! mode with its body as a closure.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, quote};
+use syn::{FnArg, Ident, ItemFn};
+
+use super::expansion::Expansion;
+use crate::args::Mode;
+use crate::tokens::call_at;
+
+/// The rewritten handler.
+pub(super) fn expand(x: &Expansion<'_>, mode: Mode) -> TokenStream {
+    let ItemFn {
+        attrs, vis, sig, ..
+    } = x.item;
+    let (private, output) = (&x.private, x.output());
+    // The connection or lease guard becomes the runtime handle; without a lease guard, the
+    // handle goes before the message.
+    let inputs = sig.inputs.iter().flat_map(|input| match input {
+        FnArg::Typed(typed) if x.is_context(typed) => vec![x.idem_param()],
+        FnArg::Typed(typed) if x.handler.context.is_none() && x.is_message(typed) => {
+            vec![x.idem_param(), typed.to_token_stream()]
+        }
+        other => vec![other.to_token_stream()],
+    });
+    let signature = x.signature(&sig.ident, inputs, quote!(#private::Handled<#output>));
+    // Locals of the generated code, invisible to the user's body.
+    let [derived, key, fingerprint, error] = [
+        "__idem_derived",
+        "__idem_key",
+        "__idem_fingerprint",
+        "__idem_error",
+    ]
+    .map(|name| Ident::new(name, Span::mixed_site()));
+    let call = match mode {
+        Mode::Transaction => transactional_call(x, &key, &fingerprint),
+        Mode::Lease => lease_call(x, &key, &fingerprint),
+    };
+    let (spec_item, identifies) = (&x.spec.item, &x.key.identifies);
+    let (key_builder, fingerprint_expr) = (&x.key.key, &x.key.fingerprint);
+    quote! {
+        #(#attrs)*
+        #vis #signature
+        {
+            #spec_item
+            #identifies
+            let #derived = (|| -> ::core::result::Result<_, #private::KeyError> {
+                ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
+            })();
+            let (#key, #fingerprint) = match #derived {
+                ::core::result::Result::Ok(#derived) => #derived,
+                ::core::result::Result::Err(#error) => {
+                    return ::core::result::Result::Err(#private::Error::Key(#error));
+                }
+            };
+            #call
+        }
+    }
+}
+
+/// `run_transactional(idem, &spec, key, fingerprint, codec, body).await`. The body may
+/// run again after a transient failure: each run gets its own clone of the owned
+/// parameters, which it may move out of.
+fn transactional_call(x: &Expansion<'_>, key: &Ident, fingerprint: &Ident) -> TokenStream {
+    let (private, idem, spec, codec) = (&x.private, &x.idem, &x.spec.ident, &x.codec);
+    let transaction = Ident::new("__idem_transaction", Span::mixed_site());
+    let clone_owned = x.item.sig.inputs.iter().filter_map(|input| match input {
+        FnArg::Typed(typed) if !x.is_context(typed) => x.clone_if_owned(typed),
+        _ => None,
+    });
+    let body = x.body_in(&transaction, TokenStream::new());
+    let run_args = quote! {
+        #idem,
+        &#spec,
+        #key,
+        #fingerprint,
+        #codec,
+        move |mut #transaction| {
+            #(#clone_owned)*
+            async move {
+                #body
+            }
+        },
+    };
+    call_at(&quote!(#private::run_transactional), run_args, x.first)
+}
+
+/// `run_lease(idem, &spec, key, fingerprint, codec, body).await`. A lease body runs once
+/// and takes the parameters as they are.
+fn lease_call(x: &Expansion<'_>, key: &Ident, fingerprint: &Ident) -> TokenStream {
+    let (private, idem, spec, codec) = (&x.private, &x.idem, &x.spec.ident, &x.codec);
+    let (output, block) = (x.output(), &x.item.block);
+    let guard_local = Ident::new("__idem_lease", Span::mixed_site());
+    let guard = x.handler.context.map(|context| {
+        let (lease_pat, lease_ty) = (&context.pat, &context.ty);
+        quote!(let #lease_pat: #lease_ty = &#guard_local;)
+    });
+    let run_args = quote! {
+        #idem,
+        &#spec,
+        #key,
+        #fingerprint,
+        #codec,
+        move |#guard_local| async move {
+            #guard
+            #private::handler_body::<#output, _>(async #block).await
+        },
+    };
+    call_at(&quote!(#private::run_lease), run_args, x.first)
+}
