@@ -234,6 +234,7 @@ async fn a_missing_schema_is_exit_code_5(pool: PgPool) {
     assert_eq!(idem(&url, &["--schema", "x; drop", "stats"]).code, 2);
 }
 
+// Long on purpose: the ways of naming one key, side by side, against the same stored keys.
 #[sqlx::test(migrations = false)]
 async fn keys_show_finds_a_key_by_id_or_by_field_values(pool: PgPool) {
     let _idem = setup(&pool).await;
@@ -412,6 +413,8 @@ async fn keys_list_filters_and_pages(pool: PgPool) {
     assert_eq!(idem(&url, &["keys", "list", "--status", "done"]).code, 2);
 }
 
+// Long on purpose: one story over one status table, each step reading the state the
+// previous one left (the retried parked key is among the failed keys the bulk release counts).
 #[sqlx::test(migrations = false)]
 async fn keys_retry_and_release_change_failed_and_parked_keys(pool: PgPool) {
     let idem_handle = setup(&pool).await;
@@ -561,6 +564,8 @@ async fn keys_retry_and_release_change_failed_and_parked_keys(pool: PgPool) {
     );
 }
 
+// Long on purpose: stats before and after purges of one status table, the windows (default,
+// per scope, declared by a handler) applied in turn.
 #[sqlx::test(migrations = false)]
 async fn purge_and_stats_report_the_status_table(pool: PgPool) {
     let _idem = setup(&pool).await;
@@ -655,6 +660,8 @@ async fn purge_and_stats_report_the_status_table(pool: PgPool) {
     assert_eq!(idem(&url, &["purge", "--older-than", "soon"]).code, 2);
 }
 
+// Long on purpose: a table of bad connections, each run through the same checks of exit code
+// and redaction.
 #[sqlx::test(migrations = false)]
 async fn bad_urls_and_unreachable_databases_have_their_exit_codes_and_never_show_a_password(
     pool: PgPool,
