@@ -25,9 +25,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use idem_runtime::{Idem, Outcome, idempotent};
 use idem_demo::orders::OrderEvent;
 use idem_runtime::testing::count_rows;
+use idem_runtime::{Idem, Outcome, idempotent};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};

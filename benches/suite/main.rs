@@ -57,8 +57,8 @@ use std::time::{Duration, Instant};
 
 use clap::builder::FalseyValueParser;
 use clap::{Parser, ValueEnum};
-use idem_runtime::{Idem, Pooler};
 use idem_demo::orders::CREATE_ORDER_EFFECTS;
+use idem_runtime::{Idem, Pooler};
 use serde::Serialize;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 use sqlx::{Connection, Executor, PgConnection, PgPool, Row};

@@ -7,10 +7,10 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use idem_demo::orders::{EventType, OrderEvent};
 use idem_runtime::key::KeyBuilder;
 use idem_runtime::lease::Lease;
 use idem_runtime::{Error, Idem, Outcome, idempotent};
-use idem_demo::orders::{EventType, OrderEvent};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::oneshot;

@@ -4,14 +4,14 @@
 //! and earlier duplicates, and stores nothing when no body runs.
 
 use chrono::Utc;
-use idem_kafka::{BatchPositions, Position, Schema};
-use idem_runtime::{Error, Idem, Outcome};
 use idem_demo::kafka;
 use idem_demo::kafka::handlers::{
     self, apply_order_event, apply_order_event_at_offsets_batch, key_and_fingerprint,
 };
 use idem_demo::kafka::producer::event_key;
 use idem_demo::orders::{EventType, OrderEvent};
+use idem_kafka::{BatchPositions, Position, Schema};
+use idem_runtime::{Error, Idem, Outcome};
 use sqlx::PgPool;
 
 const GROUP: &str = "g";

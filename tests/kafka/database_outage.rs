@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use crate::support::{Harness, wait_until};
-use idem_kafka::OffsetStore;
 use idem_demo::kafka::producer::{Plan, PlanConfig};
 use idem_demo::kafka::verify;
+use idem_kafka::OffsetStore;
 use sqlx::{Connection, Executor, PgConnection, PgPool};
 
 #[sqlx::test(migrations = false)]

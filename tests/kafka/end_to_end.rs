@@ -4,11 +4,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_kafka::{OffsetStore, Stats};
-use idem_runtime::Status;
 use idem_demo::kafka::handlers;
 use idem_demo::kafka::producer::{MalformedKind, Plan, PlanConfig, RecordKind};
 use idem_demo::kafka::verify;
+use idem_kafka::{OffsetStore, Stats};
+use idem_runtime::Status;
 use sqlx::PgPool;
 
 use crate::support::{Harness, total, wait_until};

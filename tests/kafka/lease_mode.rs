@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::{Harness, total, wait_until};
-use idem_kafka::Stats;
-use idem_runtime::Status;
 use idem_demo::kafka::handlers::key_and_fingerprint;
 use idem_demo::kafka::notifications::{self, Crash, LEASE, NotificationService, ServiceSettings};
 use idem_demo::kafka::producer::{Plan, PlanConfig};
 use idem_demo::kafka::verify;
 use idem_demo::orders::{EventType, OrderEvent};
+use idem_kafka::Stats;
+use idem_runtime::Status;
 use sqlx::PgPool;
 use uuid::Uuid;
 

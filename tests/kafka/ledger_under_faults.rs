@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_kafka::{Fate, Handler, OffsetStore, Position, Stats};
-use idem_runtime::{Idem, idempotent};
 use idem_demo::kafka::producer::create_producer;
 use idem_demo::kafka::verify;
+use idem_kafka::{Fate, Handler, OffsetStore, Position, Stats};
+use idem_runtime::{Idem, idempotent};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::FutureRecord;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use idem_kafka::OffsetStore;
 use idem_demo::kafka::producer::{Plan, PlanConfig};
+use idem_kafka::OffsetStore;
 use sqlx::PgPool;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};

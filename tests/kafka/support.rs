@@ -4,14 +4,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_kafka::test_util::KillSwitch;
-use idem_kafka::{Consumer, ConsumerBuilder, ConsumerError, Handler, OffsetStore, Snapshot, Stats};
-use idem_runtime::Idem;
 use idem_demo::kafka::broker::LocalBroker;
 use idem_demo::kafka::handlers::OrderEvents;
 use idem_demo::kafka::notifications::{NotificationService, PaymentNotifications};
 use idem_demo::kafka::producer::{self, Plan, ProduceReport};
 use idem_demo::kafka::{self, admin};
+use idem_kafka::test_util::KillSwitch;
+use idem_kafka::{Consumer, ConsumerBuilder, ConsumerError, Handler, OffsetStore, Snapshot, Stats};
+use idem_runtime::Idem;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use idem_kafka::{Consumer, OffsetStore, Snapshot, Stats};
-use idem_runtime::Idem;
 use idem_demo::kafka::handlers::OrderEvents;
 use idem_demo::kafka::producer::{self, MalformedKind, Plan, PlanConfig};
 use idem_demo::kafka::{self, DEFAULT_BROKERS, admin, verify};
+use idem_kafka::{Consumer, OffsetStore, Snapshot, Stats};
+use idem_runtime::Idem;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor, PgConnection};
 
