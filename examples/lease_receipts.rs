@@ -60,6 +60,25 @@ async fn send_receipt(
     ))
 }
 
+/// Creates the mail provider's table, once however many processes start at the same
+/// moment: `CREATE TABLE IF NOT EXISTS` alone is not safe under concurrency (the second of
+/// two can fail on the catalog's unique index), so the processes take turns on an
+/// advisory lock that the transaction holds until its commit.
+async fn create_tables(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::raw_sql("SELECT pg_advisory_xact_lock(hashtext('idem examples: business tables'))")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS mail_provider_outbox ( \
+            idempotency_key uuid PRIMARY KEY, fencing_token uuid NOT NULL, \
+            recipient text NOT NULL, sent_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("DATABASE_URL")
@@ -69,13 +88,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .schema("idem_lease_example")
         .build()?;
     idem.migrate().await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS mail_provider_outbox ( \
-            idempotency_key uuid PRIMARY KEY, fencing_token uuid NOT NULL, \
-            recipient text NOT NULL, sent_at timestamptz NOT NULL DEFAULT now())",
-    )
-    .execute(&pool)
-    .await?;
+    create_tables(&pool).await?;
     let mail = std::sync::Arc::new(MailProvider { pool: pool.clone() });
 
     let run = Uuid::new_v4().simple().to_string();

@@ -143,6 +143,27 @@ struct Args {
     instance_id: Option<String>,
 }
 
+/// Creates the service's table, once however many processes start at the same moment
+/// (the replicas of a deployment do): `CREATE TABLE IF NOT EXISTS` alone is not safe under
+/// concurrency (the second of two can fail on the catalog's unique index), so the
+/// processes take turns on an advisory lock that the transaction holds until its commit.
+async fn create_tables(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    // Simple queries (`raw_sql`): nothing prepared stays on a transaction pooler's connection.
+    sqlx::raw_sql("SELECT pg_advisory_xact_lock(hashtext('idem examples: business tables'))")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS notifications_sent (
+            idempotency_key uuid PRIMARY KEY, order_id text NOT NULL, amount_cents bigint NOT NULL,
+            calls integer NOT NULL DEFAULT 1, first_token uuid NOT NULL, last_token uuid NOT NULL,
+            first_call_at timestamptz NOT NULL DEFAULT now(), last_call_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
@@ -158,14 +179,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let service_pool =
         PgPool::connect(args.service_url.as_deref().unwrap_or(&args.database_url)).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS notifications_sent (
-            idempotency_key uuid PRIMARY KEY, order_id text NOT NULL, amount_cents bigint NOT NULL,
-            calls integer NOT NULL DEFAULT 1, first_token uuid NOT NULL, last_token uuid NOT NULL,
-            first_call_at timestamptz NOT NULL DEFAULT now(), last_call_at timestamptz NOT NULL DEFAULT now())",
-    )
-    .execute(&service_pool)
-    .await?;
+    create_tables(&service_pool).await?;
     let idem = Idem::new(pool);
     idem.migrate().await?;
 

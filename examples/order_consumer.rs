@@ -20,8 +20,8 @@ use clap::Parser;
 use idem_kafka::{Consumer, Fate, Handler, OffsetStore, Position};
 use idem_runtime::{Idem, idempotent};
 use serde::Deserialize;
-use sqlx::PgConnection;
 use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 /// An order event, as the producer publishes it (JSON).
@@ -127,6 +127,27 @@ struct Args {
     metrics: Option<SocketAddr>,
 }
 
+/// Creates the business table, once however many processes start at the same moment (the
+/// replicas of a deployment do): `CREATE TABLE IF NOT EXISTS` alone is not safe under
+/// concurrency (the second of two can fail on the catalog's unique index,
+/// `pg_type_typname_nsp_index`), so the processes take turns on an advisory lock that the
+/// transaction holds until its commit. A team's migration tool does the same.
+async fn create_tables(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    // Simple queries (`raw_sql`): nothing prepared stays on a transaction pooler's connection.
+    sqlx::raw_sql("SELECT pg_advisory_xact_lock(hashtext('idem examples: business tables'))")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS order_events_applied (
+            order_id text NOT NULL, event_type text NOT NULL, amount_cents bigint NOT NULL,
+            applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
@@ -148,13 +169,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .acquire_timeout(Duration::from_secs(5))
         .connect(&args.database_url)
         .await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS order_events_applied (
-            order_id text NOT NULL, event_type text NOT NULL, amount_cents bigint NOT NULL,
-            applied_at timestamptz NOT NULL DEFAULT now())",
-    )
-    .execute(&pool)
-    .await?;
+    create_tables(&pool).await?;
     let idem = Idem::new(pool);
     idem.migrate().await?;
 

@@ -3,7 +3,8 @@
 # compile-fail and doc tests. Starts the services that are missing first (private
 # PostgreSQL and Redis servers when none answers, two private PgBouncer poolers; the first
 # run installs the tansu broker, about 12 minutes) and runs the tests against them; extra
-# arguments go to `cargo test`.
+# arguments go to `cargo test`. Last, the examples are built outside the workspace from the
+# dependency list in examples/README.md (scripts/check-examples.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,3 +21,6 @@ done
 exports=$(scripts/services.sh up --print-env postgres redis kafka pgbouncer)
 eval "$exports"
 cargo test --workspace --all-features "$@"
+# The examples as a team copies them: built outside the workspace from the dependency
+# list in examples/README.md.
+scripts/check-examples.sh

@@ -10,6 +10,7 @@ mod batch_positions;
 mod batches;
 mod database_outage;
 mod end_to_end;
+mod examples_start_together;
 mod lease_mode;
 mod ledger_under_faults;
 mod per_message;
