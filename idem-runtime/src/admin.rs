@@ -21,13 +21,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::postgres::PgRow;
-use sqlx::{FromRow, Row};
 use uuid::Uuid;
 
 use crate::key::{IdempotencyKey, KeyError, KeyPart, key_of};
-use crate::store::{Status, Value};
+use crate::store::{KeyChange, Selection, Status};
 use crate::{Idem, MIGRATOR};
+
+pub use crate::store::KeyRow;
 
 /// Why an operator's request failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,57 +77,6 @@ pub enum AdminError {
     Key(#[from] KeyError),
 }
 
-/// A row of the status table, for operators: everything but the stored result's bytes.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[non_exhaustive]
-pub struct KeyRow {
-    /// The handler's scope.
-    pub scope: String,
-    /// The idempotency key.
-    pub key: Uuid,
-    /// `processing`, `success`, `failed` or `parked`.
-    pub status: String,
-    /// Executions of the body (failed ones, plus the successful one).
-    pub attempts: i32,
-    /// The payload fingerprint (SHA-256, hex), when the handler declares one.
-    pub fingerprint: Option<String>,
-    /// The stored result (JSON), when the handler stores one.
-    pub result: Option<serde_json::Value>,
-    /// The last recorded error.
-    pub last_error: Option<String>,
-    /// Lease mode: the worker holding the lease.
-    pub lease_owner: Option<Uuid>,
-    /// Lease mode: when the lease expires (database clock).
-    pub lease_expires_at: Option<DateTime<Utc>>,
-    /// When the key was first recorded.
-    pub created_at: DateTime<Utc>,
-    /// When the key last changed.
-    pub updated_at: DateTime<Utc>,
-}
-
-impl<'r> FromRow<'r, PgRow> for KeyRow {
-    fn from_row(row: &'r PgRow) -> Result<Self, sqlx::Error> {
-        Ok(KeyRow {
-            scope: row.try_get("scope")?,
-            key: row.try_get("key")?,
-            status: row.try_get("status")?,
-            attempts: row.try_get("attempts")?,
-            fingerprint: row
-                .try_get::<Option<Vec<u8>>, _>("fingerprint")?
-                .map(hex::encode),
-            result: row.try_get("result")?,
-            last_error: row.try_get("last_error")?,
-            lease_owner: row.try_get("lease_owner")?,
-            lease_expires_at: row.try_get("lease_expires_at")?,
-            created_at: row.try_get("created_at")?,
-            updated_at: row.try_get("updated_at")?,
-        })
-    }
-}
-
-const COLUMNS: &str = "scope, key, status, attempts, fingerprint, result, last_error, \
-                       lease_owner, lease_expires_at, created_at, updated_at";
-
 /// One migration of the status table and whether the schema has it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -143,26 +92,10 @@ pub struct MigrationState {
 /// The migrations of the status table (from [`MIGRATOR`]) and which of them the configured
 /// schema has. A schema that does not exist has none.
 pub async fn migration_status(idem: &Idem) -> Result<Vec<MigrationState>, AdminError> {
-    let schema = idem.config().schema().as_str();
-    let statements = idem.statements();
-    let tracked: Option<String> = statements
-        .query(
-            "SELECT to_regclass(format('%I._sqlx_migrations', $1::text))::text",
-            &[schema.into()],
-        )
-        .fetch_one(idem.pool())
-        .await?
-        .try_get(0)?;
-    let applied: Vec<i64> = match tracked {
-        Some(table) => statements
-            .query(&format!("SELECT version FROM {table} WHERE success"), &[])
-            .fetch_all(idem.pool())
-            .await?
-            .iter()
-            .map(|row| row.try_get(0))
-            .collect::<Result<_, _>>()?,
-        None => Vec::new(),
-    };
+    let applied = idem
+        .statements()
+        .applied_migrations(idem.pool(), idem.config().schema())
+        .await?;
     Ok(MIGRATOR
         .iter()
         .filter(|migration| !migration.migration_type.is_down_migration())
@@ -194,13 +127,8 @@ pub async fn ensure_migrated(idem: &Idem) -> Result<(), AdminError> {
 
 /// The row of `key` in `scope`, or [`AdminError::UnknownKey`].
 pub async fn show_key(idem: &Idem, scope: &str, key: Uuid) -> Result<KeyRow, AdminError> {
-    let statement = format!(
-        "SELECT {COLUMNS} FROM {} WHERE scope = $1 AND key = $2",
-        idem.statements().table
-    );
     idem.statements()
-        .query(&statement, &[scope.into(), key.into()])
-        .fetch_optional_as(idem.pool())
+        .key_row(idem.pool(), scope, key)
         .await?
         .ok_or_else(|| AdminError::UnknownKey {
             scope: scope.to_owned(),
@@ -252,46 +180,20 @@ impl KeyFilter {
         self
     }
 
-    /// The `WHERE` clause over `$1` scope, `$2` key, `$3` statuses, `$4` age in ms.
-    fn clause(&self) -> &'static str {
-        "($1::text IS NULL OR scope = $1) \
-         AND ($2::uuid IS NULL OR key = $2) \
-         AND (cardinality($3::text[]) = 0 OR status = ANY($3)) \
-         AND ($4::bigint IS NULL OR updated_at < now() - $4 * interval '1 millisecond')"
-    }
-
-    fn statuses(&self) -> Vec<String> {
-        self.statuses
-            .iter()
-            .map(|status| status_text(*status).to_owned())
-            .collect()
-    }
-
-    /// The values of the filter's clause's parameters `$1` to `$4`; `statuses` is
-    /// [`statuses`](Self::statuses).
-    fn values<'a>(&'a self, statuses: &'a [String]) -> [Value<'a>; 4] {
-        [
-            self.scope.as_deref().into(),
-            self.key.into(),
-            statuses.into(),
-            self.age_ms().into(),
-        ]
-    }
-
-    fn age_ms(&self) -> Option<i64> {
-        self.older_than
-            .map(|age| i64::try_from(age.as_millis()).unwrap_or(i64::MAX))
+    /// The filter as the store selects keys.
+    fn selection(&self) -> Selection<'_> {
+        Selection {
+            scope: self.scope.as_deref(),
+            key: self.key,
+            statuses: &self.statuses,
+            older_than: self.older_than,
+        }
     }
 }
 
 /// A status as the status table writes it.
 pub fn status_text(status: Status) -> &'static str {
-    match status {
-        Status::Processing => "processing",
-        Status::Success => "success",
-        Status::Failed => "failed",
-        Status::Parked => "parked",
-    }
+    status.as_str()
 }
 
 /// A status from its text (`processing`, `success`, `failed`, `parked`).
@@ -341,29 +243,14 @@ pub async fn list_keys(
     after: Option<&Cursor>,
     limit: u32,
 ) -> Result<Vec<KeyRow>, AdminError> {
-    let statement = format!(
-        "SELECT {COLUMNS} FROM {} WHERE {} \
-         AND ($5::text IS NULL OR (scope, key) > ($5, $6::uuid)) \
-         ORDER BY scope, key LIMIT $7",
-        idem.statements().table,
-        filter.clause()
-    );
-    let statuses = filter.statuses();
     Ok(idem
         .statements()
-        .query(
-            &statement,
-            &[
-                &filter.values(&statuses)[..],
-                &[
-                    after.map(|cursor| cursor.scope.as_str()).into(),
-                    after.map(|cursor| cursor.key).into(),
-                    i64::from(limit).into(),
-                ],
-            ]
-            .concat(),
+        .key_rows(
+            idem.pool(),
+            &filter.selection(),
+            after.map(|cursor| (cursor.scope.as_str(), cursor.key)),
+            limit,
         )
-        .fetch_all_as(idem.pool())
         .await?)
 }
 
@@ -405,33 +292,13 @@ async fn change(
     idem: &Idem,
     filter: &KeyFilter,
     dry_run: bool,
-    write: &str,
+    change: KeyChange,
 ) -> Result<Change, AdminError> {
     let filter = releasable(filter)?;
-    let table = &idem.statements().table;
-    // The rows as they are, locked (`SKIP LOCKED`: a key that a delivery is retrying
-    // right now is left to it), then changed in the same statement.
-    let statement = format!(
-        "WITH chosen AS ( \
-            SELECT {COLUMNS} FROM {table} WHERE {} \
-            ORDER BY scope, key FOR UPDATE SKIP LOCKED), \
-         changed AS ({write} chosen WHERE k.scope = chosen.scope AND k.key = chosen.key \
-                     AND k.status IN ('failed', 'parked') AND NOT $5 RETURNING k.scope, k.key) \
-         SELECT chosen.* FROM chosen \
-         WHERE $5 OR EXISTS (SELECT FROM changed \
-                             WHERE changed.scope = chosen.scope AND changed.key = chosen.key) \
-         ORDER BY scope, key",
-        filter.clause()
-    );
     let mut tx = idem.bounded_transaction().await?;
-    let statuses = filter.statuses();
-    let keys: Vec<KeyRow> = idem
+    let keys = idem
         .statements()
-        .query(
-            &statement,
-            &[&filter.values(&statuses)[..], &[dry_run.into()]].concat(),
-        )
-        .fetch_all_as(&mut *tx)
+        .change_keys(&mut tx, &filter.selection(), change, dry_run)
         .await?;
     tx.commit().await?;
     if keys.is_empty()
@@ -462,10 +329,7 @@ pub async fn retry_keys(
     filter: &KeyFilter,
     dry_run: bool,
 ) -> Result<Change, AdminError> {
-    let table = &idem.statements().table;
-    let write =
-        format!("UPDATE {table} AS k SET status = 'failed', attempts = 0, updated_at = now() FROM");
-    change(idem, filter, dry_run, &write).await
+    change(idem, filter, dry_run, KeyChange::Retry).await
 }
 
 /// Deletes the selected `failed` and `parked` keys: the next delivery of their messages is
@@ -477,14 +341,7 @@ pub async fn release_keys(
     filter: &KeyFilter,
     dry_run: bool,
 ) -> Result<Change, AdminError> {
-    let table = &idem.statements().table;
-    change(
-        idem,
-        filter,
-        dry_run,
-        &format!("DELETE FROM {table} AS k USING"),
-    )
-    .await
+    change(idem, filter, dry_run, KeyChange::Release).await
 }
 
 /// How many keys a scope has in a status.
@@ -502,7 +359,7 @@ pub struct StatusCount {
 }
 
 /// The lease in progress that was taken longest ago.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct OldestLease {
     /// Its scope.
@@ -518,7 +375,7 @@ pub struct OldestLease {
 }
 
 /// A retention window that a scope's handler declares (`retention = "..."`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct ScopeWindow {
     /// The scope.
@@ -546,47 +403,27 @@ pub struct Stats {
 /// Counts keys per scope and status (a full scan of the status table), finds the oldest
 /// lease in progress, the table's size and the retention windows handlers declare.
 pub async fn stats(idem: &Idem) -> Result<Stats, AdminError> {
-    let table = &idem.statements().table;
     let statements = idem.statements();
-    let counts: Vec<(String, String, i64, DateTime<Utc>)> = statements
-        .query(
-            &format!(
-                "SELECT scope, status, count(*), min(updated_at) FROM {table} \
-                 GROUP BY scope, status ORDER BY scope, status"
-            ),
-            &[],
-        )
-        .fetch_all_as(idem.pool())
-        .await?;
-    let oldest_lease: Option<OldestLease> = statements
-        .query(
-            &format!(
-                "SELECT scope, key, updated_at AS since, lease_expires_at AS expires_at, \
-                        coalesce(lease_expires_at <= now(), false) AS expired \
-                 FROM {table} WHERE status = 'processing' ORDER BY updated_at LIMIT 1"
-            ),
-            &[],
-        )
-        .fetch_optional_as(idem.pool())
-        .await?;
-    let table_bytes: i64 = statements
-        .query(
-            "SELECT pg_total_relation_size($1::regclass)",
-            &[table.into()],
-        )
-        .fetch_one(idem.pool())
+    let counts = statements.status_counts(idem.pool()).await?;
+    let oldest_lease = statements.oldest_lease(idem.pool()).await?.map(
+        |(scope, key, since, expires_at, expired)| OldestLease {
+            scope,
+            key,
+            since,
+            expires_at,
+            expired,
+        },
+    );
+    let table_bytes = statements.table_bytes(idem.pool()).await?;
+    let windows = statements
+        .scope_windows(idem.pool())
         .await?
-        .try_get(0)?;
-    let windows: Vec<ScopeWindow> = statements
-        .query(
-            &format!(
-                "SELECT scope, retention_ms FROM {} WHERE retention_ms IS NOT NULL ORDER BY scope",
-                statements.scopes_table
-            ),
-            &[],
-        )
-        .fetch_all_as(idem.pool())
-        .await?;
+        .into_iter()
+        .map(|(scope, retention_ms)| ScopeWindow {
+            scope,
+            retention_ms,
+        })
+        .collect();
     let counts: Vec<StatusCount> = counts
         .into_iter()
         .map(|(scope, status, count, oldest)| StatusCount {

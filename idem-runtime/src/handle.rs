@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{MigrateError, Migrator};
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgPool};
 
 use crate::config::{Config, ConfigError, Identifier};
 use crate::duplicate_rate::DuplicateRates;
@@ -152,13 +152,7 @@ impl Idem {
     pub(crate) async fn session_lock_timeout(&self) -> Result<&str, sqlx::Error> {
         self.inner
             .session_lock_timeout
-            .get_or_try_init(|| async {
-                self.statements()
-                    .query("SELECT current_setting('lock_timeout')", &[])
-                    .fetch_one(self.pool())
-                    .await?
-                    .try_get(0)
-            })
+            .get_or_try_init(|| async { self.statements().session_lock_timeout(self.pool()).await })
             .await
             .map(String::as_str)
     }
@@ -322,12 +316,7 @@ impl Idem {
     /// that declares its handler was renamed: the next handler that runs with the scope
     /// records its own crate. The scope's keys stay. Returns whether an owner was recorded.
     pub async fn release_scope(&self, scope: &str) -> Result<bool, sqlx::Error> {
-        let statements = self.statements();
-        let done = statements
-            .query(&statements.release_scope, &[scope.into()])
-            .execute(self.pool())
-            .await?;
-        Ok(done.rows_affected() == 1)
+        self.statements().release_scope(self.pool(), scope).await
     }
 }
 

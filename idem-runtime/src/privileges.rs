@@ -21,14 +21,7 @@ use crate::config::Identifier;
 /// assert!(!sql.contains("CREATE"));
 /// ```
 pub fn consumer_grants(schema: &Identifier, role: &str) -> String {
-    let role = quote_identifier(role);
-    format!(
-        "GRANT USAGE ON SCHEMA {schema} TO {role};\n\
-         GRANT SELECT, INSERT, UPDATE ON {schema}.idem_keys TO {role};\n\
-         GRANT SELECT, INSERT ON {schema}.idem_scopes TO {role};\n\
-         GRANT UPDATE (retention_ms) ON {schema}.idem_scopes TO {role};\n\
-         GRANT SELECT ON {schema}.idem_instance TO {role};\n"
-    )
+    crate::store::consumer_grants(schema, &quote_identifier(role))
 }
 
 /// `name` as a quoted SQL identifier: in double quotes, inner double quotes doubled.

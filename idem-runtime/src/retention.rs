@@ -100,11 +100,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use sqlx::pool::PoolConnection;
-use sqlx::{Connection, Postgres, Row};
+use sqlx::PgConnection;
 
 use crate::Idem;
 use crate::config::Pooler;
+use crate::store::Windows;
 
 /// The default window: 7 days.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -241,46 +241,6 @@ pub struct PurgeReport {
     pub elapsed_ms: u64,
 }
 
-/// The SQL of the cleanup of one status table.
-fn candidates(table: &str, scopes: &str) -> String {
-    // `$1` the default window in ms, `$2`/`$3` the scopes with their own window in the
-    // settings; then the window a scope's handler declared; then the default.
-    format!(
-        "FROM {table} AS k \
-         LEFT JOIN (SELECT * FROM unnest($2::text[], $3::bigint[]) AS o(scope, window_ms)) AS o \
-           ON o.scope = k.scope \
-         LEFT JOIN {scopes} AS s ON s.scope = k.scope \
-         WHERE k.status = 'success' \
-           AND k.created_at < now() - least( \
-                 $1::bigint, \
-                 (SELECT min(w) FROM unnest($3::bigint[]) AS w), \
-                 (SELECT min(retention_ms) FROM {scopes})) * interval '1 millisecond' \
-           AND k.updated_at < now() - coalesce(o.window_ms, s.retention_ms, $1::bigint) \
-                                      * interval '1 millisecond'"
-    )
-}
-
-fn batch_statement(table: &str, scopes: &str) -> String {
-    format!(
-        "WITH doomed AS ( \
-            SELECT k.ctid {} \
-            LIMIT $4 FOR UPDATE OF k SKIP LOCKED), \
-         deleted AS ( \
-            DELETE FROM {table} AS k \
-            WHERE k.ctid = ANY(ARRAY(SELECT ctid FROM doomed)) AND k.status = 'success' \
-            RETURNING k.scope) \
-         SELECT scope, count(*) FROM deleted GROUP BY scope",
-        candidates(table, scopes)
-    )
-}
-
-fn count_statement(table: &str, scopes: &str) -> String {
-    format!(
-        "SELECT k.scope, count(*) {} GROUP BY k.scope",
-        candidates(table, scopes)
-    )
-}
-
 fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
@@ -295,11 +255,6 @@ fn windows(retention: &Retention) -> (i64, Vec<String>, Vec<i64>) {
     (millis(retention.window), scopes, windows)
 }
 
-/// The advisory lock key text of the cleanup of the status table in `schema`.
-pub(crate) fn lock_name(schema: &str) -> String {
-    format!("idem retention {schema}.idem_keys")
-}
-
 /// `query_canceled`: the statement timeout fired.
 fn timed_out(error: &sqlx::Error) -> bool {
     error
@@ -312,23 +267,14 @@ pub(crate) async fn purge(idem: &Idem, retention: &Retention) -> Result<PurgeRep
     let mut report = PurgeReport::default();
     let statements = idem.statements();
     let mut conn = idem.pool().acquire().await?;
-    let lock = lock_name(idem.config().schema().as_str());
     if idem.config().pooler() == Pooler::Transaction {
         // No session outlives a transaction behind a transaction pooler: each batch takes
         // the lock for its own transaction, and a cleaner that finds it taken stops.
-        run_batches(idem, retention, &mut conn, Some(&lock), &mut report).await?;
+        run_batches(idem, retention, &mut conn, true, &mut report).await?;
         report.elapsed_ms = elapsed_ms(started);
         return Ok(report);
     }
-    let locked: bool = statements
-        .query(
-            "SELECT pg_try_advisory_lock(hashtextextended($1, 0))",
-            &[lock.as_str().into()],
-        )
-        .fetch_one(&mut *conn)
-        .await?
-        .try_get(0)?;
-    if !locked {
+    if !statements.try_lock_cleanup(&mut conn).await? {
         report.locked_out = true;
         report.elapsed_ms = elapsed_ms(started);
         return Ok(report);
@@ -336,15 +282,9 @@ pub(crate) async fn purge(idem: &Idem, retention: &Retention) -> Result<PurgeRep
     // The lock belongs to the session: however this run ends (an error, a dropped
     // future), the connection is closed rather than returned to the pool with it.
     conn.close_on_drop();
-    let result = run_batches(idem, retention, &mut conn, None, &mut report).await;
+    let result = run_batches(idem, retention, &mut conn, false, &mut report).await;
     if result.is_ok() {
-        statements
-            .query(
-                "SELECT pg_advisory_unlock(hashtextextended($1, 0))",
-                &[lock.as_str().into()],
-            )
-            .execute(&mut *conn)
-            .await?;
+        statements.unlock_cleanup(&mut conn).await?;
     }
     result?;
     report.elapsed_ms = elapsed_ms(started);
@@ -354,17 +294,17 @@ pub(crate) async fn purge(idem: &Idem, retention: &Retention) -> Result<PurgeRep
 async fn run_batches(
     idem: &Idem,
     retention: &Retention,
-    conn: &mut PoolConnection<Postgres>,
-    batch_lock: Option<&str>,
+    conn: &mut PgConnection,
+    lock_each_batch: bool,
     report: &mut PurgeReport,
 ) -> Result<(), sqlx::Error> {
     let statements = idem.statements();
-    let statement = batch_statement(&statements.table, &statements.scopes_table);
-    let begin = format!(
-        "BEGIN; SET LOCAL statement_timeout = '{}ms'",
-        millis(retention.statement_timeout)
-    );
-    let (window, scopes, windows) = windows(retention);
+    let (default_ms, scopes, windows_ms) = windows(retention);
+    let windows = Windows {
+        default_ms,
+        scopes: &scopes,
+        windows_ms: &windows_ms,
+    };
     let mut batch_size = retention.batch_size;
     loop {
         if retention
@@ -373,33 +313,16 @@ async fn run_batches(
         {
             return Ok(());
         }
-        let mut tx = conn.begin_with(begin.clone()).await?;
-        if let Some(lock) = batch_lock {
-            let locked: bool = statements
-                .query(
-                    "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))",
-                    &[lock.into()],
-                )
-                .fetch_one(&mut *tx)
-                .await?
-                .try_get(0)?;
-            if !locked {
-                tx.rollback().await?;
-                report.locked_out = report.batches == 0;
-                return Ok(());
-            }
+        let mut tx = statements
+            .begin_cleanup_batch(conn, retention.statement_timeout)
+            .await?;
+        if lock_each_batch && !statements.try_lock_cleanup_batch(&mut tx).await? {
+            tx.rollback().await?;
+            report.locked_out = report.batches == 0;
+            return Ok(());
         }
-        let rows: Result<Vec<(String, i64)>, sqlx::Error> = statements
-            .query(
-                &statement,
-                &[
-                    window.into(),
-                    scopes.as_slice().into(),
-                    windows.as_slice().into(),
-                    i64::from(batch_size).into(),
-                ],
-            )
-            .fetch_all_as(&mut *tx)
+        let rows = statements
+            .delete_expired(&mut tx, windows, batch_size)
             .await;
         let rows = match rows {
             Ok(rows) => rows,
@@ -443,19 +366,15 @@ pub(crate) async fn dry_run(
     retention: &Retention,
 ) -> Result<PurgeReport, sqlx::Error> {
     let started = Instant::now();
-    let (window, scopes, windows) = windows(retention);
-    let statements = idem.statements();
-    let statement = count_statement(&statements.table, &statements.scopes_table);
-    let rows: Vec<(String, i64)> = statements
-        .query(
-            &statement,
-            &[
-                window.into(),
-                scopes.as_slice().into(),
-                windows.as_slice().into(),
-            ],
-        )
-        .fetch_all_as(idem.pool())
+    let (default_ms, scopes, windows_ms) = windows(retention);
+    let windows = Windows {
+        default_ms,
+        scopes: &scopes,
+        windows_ms: &windows_ms,
+    };
+    let rows = idem
+        .statements()
+        .count_expired(idem.pool(), windows)
         .await?;
     let mut report = PurgeReport {
         dry_run: true,

@@ -179,9 +179,6 @@ fn check_name(scope: &str) -> Result<(), Error> {
     ))
 }
 
-/// A scope's row: its owner crate and handler, whether it is shared, its retention window.
-type Recorded = (Option<String>, Option<String>, bool, Option<i64>);
-
 /// Records the scope's owner, its crate and handler (`None`: shared), unless one is
 /// recorded, and compares. Records the handler's retention window (milliseconds, `None`:
 /// the cleanup's default) when it differs from the recorded one.
@@ -196,17 +193,8 @@ async fn record(
     // A registration committed while this one waited is not in this statement's
     // snapshot: the second try sees it.
     for _ in 0..2 {
-        let row: Option<Recorded> = statements
-            .query(
-                &statements.register_scope,
-                &[
-                    scope.into(),
-                    crate_name.into(),
-                    handler.into(),
-                    retention.into(),
-                ],
-            )
-            .fetch_optional_as(pool)
+        let row = statements
+            .register_scope(pool, scope, crate_name, handler, retention)
             .await
             .map_err(Error::Database)?;
         let Some((recorded, recorded_handler, shared, recorded_retention)) = row else {
@@ -251,11 +239,7 @@ async fn record(
             // another): the last handler to start records its own. A role without the
             // privilege (grants older than `retention_ms`) still handles its messages.
             let updated = statements
-                .query(
-                    &statements.record_scope_retention,
-                    &[scope.into(), retention.into()],
-                )
-                .execute(pool)
+                .record_scope_retention(pool, scope, retention)
                 .await;
             if let Err(error) = updated {
                 tracing::warn!(

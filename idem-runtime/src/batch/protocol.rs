@@ -5,8 +5,6 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 
-use sqlx::postgres::PgRow;
-use sqlx::{Postgres, Row};
 use uuid::Uuid;
 
 use super::BatchOutcomes;
@@ -17,7 +15,7 @@ use crate::key::{IdempotencyKey, KeyError};
 use crate::key_transaction::KeyTransaction;
 use crate::outcome::{Error, Handled, HandlerError, Outcome};
 use crate::scope;
-use crate::store::{Existing, Status};
+use crate::store::Status;
 use crate::telemetry::{self, Mode, Timer};
 use crate::transactional;
 
@@ -471,14 +469,6 @@ async fn commit(idem: &Idem, tx: KeyTransaction, xid: i64) -> Result<(), Fallbac
     }
 }
 
-/// An array column of the claim's row: empty when the aggregate had no rows (NULL).
-fn column<T>(row: &PgRow, name: &str) -> Result<Vec<T>, sqlx::Error>
-where
-    Vec<T>: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
-{
-    Ok(row.try_get::<Option<Vec<T>>, _>(name)?.unwrap_or_default())
-}
-
 /// The batch transaction after the claim of its keys.
 struct Claim<T, E> {
     tx: KeyTransaction,
@@ -513,25 +503,12 @@ async fn claim<T, E, C: ResultCodec<T>>(
 
     let body_lock_timeout = idem.session_lock_timeout().await?;
     let mut tx = idem.key_transaction().await?;
-    // Only the keys in the way come back, as arrays in one row (an aggregate always
-    // yields one): the happy path returns no row data but the transaction's id.
     let statements = idem.statements();
-    let row = statements
-        .query(
-            &statements.batch_claim,
-            &[
-                scope.into(),
-                keys.as_slice().into(),
-                fingerprints.as_slice().into(),
-                body_lock_timeout.into(),
-            ],
-        )
-        .fetch_one(&mut *tx)
+    let claimed = statements
+        .claim_batch(&mut tx, scope, &keys, &fingerprints, body_lock_timeout)
         .await?;
-
-    let mut xid: Option<i64> = row.try_get("xid")?;
-    let lost: Vec<Uuid> = column(&row, "keys")?;
-    if lost.is_empty() {
+    let mut xid = claimed.xid;
+    if claimed.in_the_way.is_empty() {
         return Ok(Some(Claim {
             tx,
             xid,
@@ -539,39 +516,20 @@ async fn claim<T, E, C: ResultCodec<T>>(
             decided: Vec::new(),
         }));
     }
-    let statuses: Vec<Option<String>> = column(&row, "statuses")?;
-    let attempts: Vec<Option<i32>> = column(&row, "attempts")?;
-    let stored_fingerprints: Vec<Option<Vec<u8>>> = column(&row, "fingerprints")?;
-    let results: Vec<Option<serde_json::Value>> = column(&row, "results")?;
-    let last_errors: Vec<Option<String>> = column(&row, "last_errors")?;
     let position: HashMap<Uuid, usize> = to_claim
         .iter()
         .map(|&index| (keyed(index).0.as_uuid(), index))
         .collect();
-    let mut in_the_way = HashSet::with_capacity(lost.len());
+    let mut in_the_way = HashSet::with_capacity(claimed.in_the_way.len());
     let mut failed = Vec::new();
     let mut decided = Vec::new();
-    let rows = lost
-        .into_iter()
-        .zip(statuses)
-        .zip(attempts)
-        .zip(stored_fingerprints)
-        .zip(results)
-        .zip(last_errors);
-    for (((((key, status), attempts), stored_fingerprint), result), last_error) in rows {
+    for (key, existing) in claimed.in_the_way {
         let index = position[&key];
         in_the_way.insert(index);
         let (idempotency_key, fingerprint) = keyed(index);
-        let Some(status) = status else {
+        let Some(existing) = existing else {
             // Committed by a transaction this claim waited for: decide it on its own.
             return Err(Fallback::Database(sqlx::Error::RowNotFound));
-        };
-        let existing = Existing {
-            status: Status::parse(&status)?,
-            attempts: attempts.and_then(|n| u32::try_from(n).ok()).unwrap_or(0),
-            fingerprint: stored_fingerprint,
-            result,
-            last_error,
         };
         let mismatch =
             crate::transactional::mismatched(fingerprint.as_ref().map(|f| f.as_slice()), &existing);
@@ -602,26 +560,14 @@ async fn claim<T, E, C: ResultCodec<T>>(
             .iter()
             .map(|&i| keyed(i).1.map(|f| f.to_vec()))
             .collect();
-        let retaken: Vec<(Uuid, i64)> = statements
-            .query(
-                &statements.batch_retake,
-                &[
-                    scope.into(),
-                    failed_keys.as_slice().into(),
-                    failed_fingerprints.as_slice().into(),
-                ],
-            )
-            .fetch_all_as(&mut *tx)
+        let retaken = statements
+            .retake_batch(&mut tx, scope, &failed_keys, &failed_fingerprints)
             .await?;
         xid = xid.or(retaken.first().map(|&(_, xid)| xid));
         // The claim left the lock timeout bounded for this takeover: the body runs with
         // the session's own.
         statements
-            .query(
-                "SELECT set_config('lock_timeout', $1, true)",
-                &[body_lock_timeout.into()],
-            )
-            .execute(&mut *tx)
+            .restore_lock_timeout(&mut tx, body_lock_timeout)
             .await?;
         if retaken.len() != failed.len() {
             // Another delivery finished one of them meanwhile: decide them one by one.
@@ -677,17 +623,8 @@ where
         values.push((index, value));
     }
     if !stored_keys.is_empty() {
-        let statements = idem.statements();
-        statements
-            .query(
-                &statements.batch_store_results,
-                &[
-                    spec.scope.into(),
-                    stored_keys.as_slice().into(),
-                    stored_results.as_slice().into(),
-                ],
-            )
-            .execute(&mut *tx)
+        idem.statements()
+            .store_batch_results(&mut tx, spec.scope, &stored_keys, &stored_results)
             .await?;
     }
     // A body that swallowed a failed statement left the transaction aborted, or ended it

@@ -221,12 +221,7 @@ impl Cache {
     /// delivery) while it cannot be read.
     pub(super) async fn instance(&self, idem: &crate::Idem) -> Option<&Instance> {
         let read = self.instance.get_or_try_init(|| async {
-            let statements = idem.statements();
-            let row = statements
-                .query(&statements.instance, &[])
-                .fetch_one(idem.pool())
-                .await?;
-            let (identity, stored_secret): (String, Vec<u8>) = sqlx::FromRow::from_row(&row)?;
+            let (identity, stored_secret) = idem.statements().cache_instance(idem.pool()).await?;
             let secret = self.settings.secret.clone().unwrap_or(stored_secret);
             Ok::<_, sqlx::Error>(Instance::new(identity, secret))
         });

@@ -39,6 +39,7 @@
 //! ([`Idem::cache_entry_name`](crate::Idem::cache_entry_name) names it), or wait for the TTL. [`Idem::reset`](crate::Idem::reset) does not concern cached keys: it only
 //! applies to failed and parked keys, which are never cached.
 
+#[cfg(feature = "redis")]
 use std::time::Duration;
 
 use crate::Idem;

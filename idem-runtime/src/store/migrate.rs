@@ -153,6 +153,34 @@ async fn apply(
     Ok(())
 }
 
+impl super::Statements {
+    /// The versions of the migrations applied successfully in `schema` (none where the
+    /// schema or its `_sqlx_migrations` table does not exist).
+    pub(crate) async fn applied_migrations(
+        &self,
+        pool: &PgPool,
+        schema: &Identifier,
+    ) -> Result<Vec<i64>, sqlx::Error> {
+        let tracked: Option<String> = self
+            .query(
+                "SELECT to_regclass(format('%I._sqlx_migrations', $1::text))::text",
+                &[schema.as_str().into()],
+            )
+            .fetch_one(pool)
+            .await?
+            .try_get(0)?;
+        let Some(table) = tracked else {
+            return Ok(Vec::new());
+        };
+        self.query(&format!("SELECT version FROM {table} WHERE success"), &[])
+            .fetch_all(pool)
+            .await?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect()
+    }
+}
+
 /// The advisory lock of sqlx's migrator for `database` (`Migrate::lock` of sqlx 0.8:
 /// `0x3d32ad9e` times the CRC-32 of the database's name).
 fn lock_id(database: &str) -> i64 {

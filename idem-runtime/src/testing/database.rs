@@ -173,14 +173,8 @@ pub async fn count_rows(pool: &PgPool, table: &str) -> i64 {
 ///
 /// When the key has no row or no lease, or the lease does not expire within a minute.
 pub async fn wait_for_lease_expiry(idem: &Idem, scope: &str, key: IdempotencyKey) {
-    wait_for_lease(
-        idem,
-        scope,
-        key,
-        "lease_expires_at <= now()",
-        "had not expired",
-    )
-    .await;
+    // `None`: the row holds no lease.
+    wait_for_lease(idem, scope, key, |_, expired| expired, "had not expired").await;
 }
 
 /// Lease mode: waits until the key's row no longer holds a live lease: its lease expired
@@ -196,33 +190,29 @@ pub(crate) async fn wait_until_lease_settles(idem: &Idem, scope: &str, key: Idem
         idem,
         scope,
         key,
-        "status <> 'processing' OR coalesce(lease_expires_at <= now(), true)",
+        |status, expired| Some(status != "processing" || expired.unwrap_or(true)),
         "was still held",
     )
     .await;
 }
 
-/// Polls the key's row until `condition` (SQL over its columns) holds; a `NULL` answer
-/// means the row holds no lease.
+/// Polls the key's row until `condition` over its status and whether its lease expired
+/// (`None`: no lease) holds; a `None` answer means the row holds no lease.
 async fn wait_for_lease(
     idem: &Idem,
     scope: &str,
     key: IdempotencyKey,
-    condition: &str,
+    condition: impl Fn(&str, Option<bool>) -> Option<bool>,
     still: &str,
 ) {
-    let statement = format!(
-        "SELECT {condition} FROM {}.idem_keys WHERE scope = $1 AND key = $2",
-        idem.config().schema().as_str()
-    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let done: Option<Option<bool>> = sqlx::query_scalar(&statement)
-            .bind(scope)
-            .bind(key.as_uuid())
-            .fetch_optional(idem.pool())
+        let done: Option<Option<bool>> = idem
+            .statements()
+            .lease_state(idem.pool(), scope, key.as_uuid())
             .await
-            .expect("read the lease");
+            .expect("read the lease")
+            .map(|(status, expired)| condition(&status, expired));
         match done {
             Some(Some(true)) => return,
             Some(Some(false)) => {}

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-use sqlx::Row;
 use uuid::Uuid;
 
 use crate::Idem;
@@ -51,28 +50,30 @@ impl KeySnapshot {
     ///
     /// When the table cannot be read (not migrated?).
     pub(crate) async fn take(idem: &Idem) -> Self {
-        let table = format!("{}.idem_keys", idem.config().schema().as_str());
-        let rows = sqlx::query(&format!(
-            "SELECT scope, key, status, attempts, updated_at, lease_owner, result::text AS result \
-             FROM {table}"
-        ))
-        .fetch_all(idem.pool())
-        .await
-        .unwrap_or_else(|error| {
-            panic!("read the status table {table} (is it migrated? testing::idem does it): {error}")
-        });
+        let statements = idem.statements();
+        let rows = statements
+            .snapshot_rows(idem.pool())
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "read the status table {} (is it migrated? testing::idem does it): {error}",
+                    statements.table_name()
+                )
+            });
         let rows = rows
-            .iter()
-            .map(|row| {
-                let state = RowState {
-                    status: row.get("status"),
-                    attempts: row.get("attempts"),
-                    updated_at: row.get("updated_at"),
-                    lease_owner: row.get("lease_owner"),
-                    result: row.get("result"),
-                };
-                ((row.get("scope"), row.get("key")), state)
-            })
+            .into_iter()
+            .map(
+                |(scope, key, status, attempts, updated_at, lease_owner, result)| {
+                    let state = RowState {
+                        status,
+                        attempts,
+                        updated_at,
+                        lease_owner,
+                        result,
+                    };
+                    ((scope, key), state)
+                },
+            )
             .collect();
         KeySnapshot { rows }
     }
@@ -102,7 +103,7 @@ impl KeySnapshot {
 /// message.
 pub(crate) async fn assert_all_succeeded(idem: &Idem, before: &KeySnapshot, context: &str) {
     let touched = KeySnapshot::take(idem).await.touched_since(before);
-    let table = format!("{}.idem_keys", idem.config().schema().as_str());
+    let table = idem.statements().table_name();
     assert!(
         !touched.is_empty(),
         "{context}: no key of the status table {table} was written: is the delivery an \

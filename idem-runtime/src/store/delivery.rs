@@ -1,0 +1,324 @@
+//! The statements of a delivery in transaction mode: the claim and the takeover of a
+//! key, the commit, a failure recorded, and the reads of a key's row.
+
+use sqlx::{PgConnection, Row};
+use uuid::Uuid;
+
+use super::{Existing, KeyRecord, Statements, attempts_value, existing, failure_recorded};
+
+/// What a claim statement is about.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClaimedKey<'a> {
+    pub scope: &'a str,
+    pub key: Uuid,
+    pub fingerprint: Option<&'a [u8]>,
+    /// The lock timeout the body runs with: the session's own.
+    pub body_lock_timeout: &'a str,
+}
+
+/// What the claim statement found.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    /// This transaction inserted the key, or took over a `failed` one; `xid` is the
+    /// transaction's id, which the commit checks.
+    Won { xid: i64 },
+    /// No row back: the claim's insert ran into a row (the takeover statement reads it),
+    /// or the takeover found nothing in its snapshot (the row in the way was committed or
+    /// deleted while the statement waited). Claim again.
+    Again,
+    /// The key exists and is not ours: succeeded, parked, held by a lease, or recorded
+    /// with another payload fingerprint.
+    Existing(Existing),
+}
+
+/// The columns of a claim's answer: the transaction id when the key was won, the row in
+/// the way otherwise.
+const CLAIM_COLUMNS: &str = "xid, NULL::text AS status, NULL::integer AS attempts, \
+     NULL::bytea AS fingerprint, NULL::json AS result, NULL::text AS last_error";
+
+/// The SQL of a delivery in transaction mode, for one status table.
+#[derive(Debug)]
+pub(super) struct Sql {
+    /// The commit's check: fails in an aborted transaction (SQLSTATE 25P02) and outside a
+    /// transaction block (25P01), and needs neither a plan nor a snapshot.
+    check: String,
+    commit_only: String,
+    claim: String,
+    takeover: String,
+    read: String,
+    record_failure: String,
+    park_committed: String,
+    record: String,
+    done: String,
+    reset: String,
+}
+
+impl Sql {
+    pub(super) fn new(table: &str) -> Self {
+        // The row in the way, read in the same statement when nothing was written.
+        let in_the_way = |written: &str| {
+            format!(
+                "SELECT {CLAIM_COLUMNS} FROM {written} \
+                 UNION ALL \
+                 SELECT NULL, k.status, k.attempts, k.fingerprint, k.result, k.last_error \
+                 FROM {table} AS k \
+                 WHERE k.scope = $1 AND k.key = $2 AND NOT EXISTS (SELECT FROM {written})"
+            )
+        };
+        // `SAVEPOINT` is refused outside a transaction block, even in the implicit one of a
+        // multi-statement query, like every statement in an aborted transaction. Opening
+        // it costs no plan, no snapshot and no write; `COMMIT` ends it with the rest.
+        let check = "SAVEPOINT idem_commit_check".to_owned();
+        Sql {
+            commit_only: format!("{check}; COMMIT"),
+            check,
+            // The common case, a new key, is one insert. No row back: a row is in the way
+            // (or was committed while this statement waited behind it), which the
+            // takeover statement then reads.
+            claim: format!(
+                "INSERT INTO {table} AS k (scope, key, status, attempts, fingerprint) \
+                 VALUES ($1, $2, 'success', 1, $3) \
+                 ON CONFLICT (scope, key) DO NOTHING \
+                 RETURNING pg_current_xact_id()::text::bigint AS xid, \
+                           set_config('lock_timeout', $4, true) AS restored"
+            ),
+            // A `failed` key with the same payload is taken over under its row lock; a
+            // fingerprint first given now is recorded.
+            takeover: format!(
+                "WITH claimed AS ( \
+                    UPDATE {table} AS k \
+                    SET status = 'success', attempts = k.attempts + 1, updated_at = now(), \
+                        fingerprint = coalesce(k.fingerprint, $3) \
+                    WHERE k.scope = $1 AND k.key = $2 AND k.status = 'failed' \
+                      AND ($3::bytea IS NULL OR k.fingerprint IS NULL OR k.fingerprint = $3) \
+                    RETURNING pg_current_xact_id()::text::bigint AS xid, \
+                              set_config('lock_timeout', $4, true) AS restored) {}",
+                in_the_way("claimed")
+            ),
+            // The key's row alone, read outside a transaction: answers a duplicate
+            // without the claim's transaction (see `duplicate_rate`).
+            read: format!(
+                "SELECT status, attempts, fingerprint, result, last_error \
+                 FROM {table} WHERE scope = $1 AND key = $2"
+            ),
+            // After the handler's transaction rolled back. Never overwrites a success (or a
+            // parked key) that another delivery wrote meanwhile.
+            record_failure: format!(
+                "INSERT INTO {table} AS k (scope, key, status, attempts, fingerprint, last_error) \
+                 VALUES ($1, $2, CASE WHEN $5 <= 1 THEN 'parked' ELSE 'failed' END, 1, $3, $4) \
+                 ON CONFLICT (scope, key) DO UPDATE \
+                 SET attempts = k.attempts + 1, \
+                     status = CASE WHEN k.attempts + 1 >= $5 THEN 'parked' ELSE 'failed' END, \
+                     last_error = EXCLUDED.last_error, updated_at = now(), \
+                     fingerprint = coalesce(k.fingerprint, EXCLUDED.fingerprint) \
+                 WHERE k.status = 'failed' \
+                 RETURNING attempts, status"
+            ),
+            // A row that the transaction `$3` committed itself (its body ran `COMMIT`).
+            park_committed: format!(
+                "UPDATE {table} SET status = 'parked', last_error = $4, updated_at = now() \
+                 WHERE scope = $1 AND key = $2 AND xmin = xid($3::text::xid8)"
+            ),
+            record: format!(
+                "SELECT scope, key, status, attempts, last_error, result, created_at, updated_at \
+                 FROM {table} WHERE scope = $1 AND key = $2"
+            ),
+            // Which of a list of keys succeeded with the given fingerprint, in list order.
+            done: format!(
+                "SELECT coalesce(k.status = 'success' AND (k.fingerprint IS NULL OR l.fingerprint IS NULL \
+                                 OR k.fingerprint = l.fingerprint), false) AS done \
+                 FROM unnest($2::uuid[], $3::bytea[]) WITH ORDINALITY AS l(key, fingerprint, position) \
+                 LEFT JOIN {table} AS k ON k.scope = $1 AND k.key = l.key \
+                 ORDER BY l.position"
+            ),
+            reset: format!(
+                "UPDATE {table} SET status = 'failed', attempts = 0, updated_at = now() \
+                 WHERE scope = $1 AND key = $2 AND status IN ('failed', 'parked')"
+            ),
+        }
+    }
+}
+
+impl Statements {
+    /// Claims `key` in the caller's transaction: inserts it, or answers
+    /// [`Claim::Again`] when a row is in the way. A claim that wins sets the lock timeout
+    /// to `body_lock_timeout` for the body.
+    pub(crate) async fn claim(
+        &self,
+        conn: &mut PgConnection,
+        key: ClaimedKey<'_>,
+    ) -> Result<Claim, sqlx::Error> {
+        self.claim_with(&self.delivery.claim, conn, key).await
+    }
+
+    /// Takes over a `failed` key with a matching payload, or reads the row in the way
+    /// with a new snapshot.
+    pub(crate) async fn takeover(
+        &self,
+        conn: &mut PgConnection,
+        key: ClaimedKey<'_>,
+    ) -> Result<Claim, sqlx::Error> {
+        self.claim_with(&self.delivery.takeover, conn, key).await
+    }
+
+    async fn claim_with(
+        &self,
+        statement: &str,
+        conn: &mut PgConnection,
+        key: ClaimedKey<'_>,
+    ) -> Result<Claim, sqlx::Error> {
+        let row = self
+            .query(
+                statement,
+                &[
+                    key.scope.into(),
+                    key.key.into(),
+                    key.fingerprint.into(),
+                    key.body_lock_timeout.into(),
+                ],
+            )
+            .fetch_optional(conn)
+            .await?;
+        let Some(row) = row else {
+            return Ok(Claim::Again);
+        };
+        match row.try_get::<Option<i64>, _>("xid")? {
+            Some(xid) => Ok(Claim::Won { xid }),
+            None => existing(&row).map(Claim::Existing),
+        }
+    }
+
+    /// The key's row, if any, read on its own (one statement, no transaction block).
+    pub(crate) async fn read(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+    ) -> Result<Option<Existing>, sqlx::Error> {
+        let row = self
+            .query(&self.delivery.read, &[scope.into(), key.into()])
+            .fetch_optional(conn)
+            .await?;
+        row.as_ref().map(existing).transpose()
+    }
+
+    /// The statements that end a won claim's transaction, in one simple query: a check
+    /// that fails unless the claim's transaction is still open and not aborted (a body that
+    /// swallowed a failed statement, or ran `COMMIT` or `ROLLBACK` itself), the `UPDATE`
+    /// storing `result` where there is one, and `COMMIT`.
+    ///
+    /// The result's values are inlined hex-encoded, so that no value can be read as SQL.
+    pub(crate) fn commit(
+        &self,
+        scope: &str,
+        key: Uuid,
+        result: Option<&serde_json::Value>,
+    ) -> std::borrow::Cow<'_, str> {
+        match result {
+            Some(result) => std::borrow::Cow::Owned(format!(
+                "{check}; UPDATE {table} SET result = convert_from(decode('{result}', 'hex'), 'UTF8')::json \
+                 WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key = '{key}'; \
+                 COMMIT",
+                check = self.delivery.check,
+                table = self.table,
+                result = hex::encode(result.to_string()),
+                scope = hex::encode(scope),
+            )),
+            None => std::borrow::Cow::Borrowed(&self.delivery.commit_only),
+        }
+    }
+
+    /// [`commit`](Self::commit) without a result to store.
+    pub(crate) fn commit_only(&self) -> &str {
+        &self.delivery.commit_only
+    }
+
+    /// Records a failed attempt; returns the attempts and whether the key is now parked,
+    /// or `None` when another delivery had already finished the key.
+    pub(crate) async fn record_failure(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        fingerprint: Option<&[u8]>,
+        error: &str,
+        max_attempts: u32,
+    ) -> Result<Option<(u32, bool)>, sqlx::Error> {
+        let row = self
+            .query(
+                &self.delivery.record_failure,
+                &[
+                    scope.into(),
+                    key.into(),
+                    fingerprint.into(),
+                    error.into(),
+                    attempts_value(max_attempts),
+                ],
+            )
+            .fetch_optional(conn)
+            .await?;
+        row.as_ref().map(failure_recorded).transpose()
+    }
+
+    /// Parks `key` if the transaction `xid` wrote its row and committed; `false` if not.
+    pub(crate) async fn park_committed(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+        xid: i64,
+        error: &str,
+    ) -> Result<bool, sqlx::Error> {
+        let xid = xid.to_string();
+        let done = self
+            .query(
+                &self.delivery.park_committed,
+                &[scope.into(), key.into(), xid.as_str().into(), error.into()],
+            )
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    pub(crate) async fn record(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+    ) -> Result<Option<KeyRecord>, sqlx::Error> {
+        self.query(&self.delivery.record, &[scope.into(), key.into()])
+            .fetch_optional_as(conn)
+            .await
+    }
+
+    pub(crate) async fn done(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        keys: &[Uuid],
+        fingerprints: &[Option<Vec<u8>>],
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        self.query(
+            &self.delivery.done,
+            &[scope.into(), keys.into(), fingerprints.into()],
+        )
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(|row| row.try_get(0))
+        .collect()
+    }
+
+    pub(crate) async fn reset(
+        &self,
+        conn: &mut PgConnection,
+        scope: &str,
+        key: Uuid,
+    ) -> Result<bool, sqlx::Error> {
+        let done = self
+            .query(&self.delivery.reset, &[scope.into(), key.into()])
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}

@@ -1,0 +1,16 @@
+//! The privileges a consumer's role needs on idem's tables (see
+//! [`privileges`](crate::privileges)).
+
+use crate::config::Identifier;
+
+/// The `GRANT` statements that let `role` (already quoted) run idempotent handlers on the
+/// tables in `schema`.
+pub(crate) fn consumer_grants(schema: &Identifier, role: &str) -> String {
+    format!(
+        "GRANT USAGE ON SCHEMA {schema} TO {role};\n\
+         GRANT SELECT, INSERT, UPDATE ON {schema}.idem_keys TO {role};\n\
+         GRANT SELECT, INSERT ON {schema}.idem_scopes TO {role};\n\
+         GRANT UPDATE (retention_ms) ON {schema}.idem_scopes TO {role};\n\
+         GRANT SELECT ON {schema}.idem_instance TO {role};\n"
+    )
+}
