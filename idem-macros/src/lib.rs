@@ -25,6 +25,12 @@ use quote::ToTokens;
 /// keys at once and runs the body once with the new messages (`idem_runtime`'s "Batch
 /// handlers"). `batch = true` instead adds `<handler>_batch` to a handler of one message,
 /// running its body once per new message.
+///
+/// Next to every handler, `<handler>_key(&message)` (with the handler's visibility)
+/// returns the `idem_runtime::HandlerKey` that the handler derives from a message: its
+/// scope, the message's key and payload fingerprint, or `KeyError` for a key field that
+/// is `None`; for callers that need the key without running the handler (`idem_runtime`'s
+/// "The key of a message, for callers").
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut parsed = args::Args::default();

@@ -170,6 +170,18 @@
 //! | `retention = "30d"` | how long the handler's `success` keys are kept before the retention cleanup may delete them (units `ms`, `s`, `m`, `h`, `d`; default: the cleaner's window, 7 days); recorded with the scope in the database, where every cleaner reads it: see [`retention`] |
 //! | `crate = "path"` | where `idem_runtime` is, when the dependency is renamed |
 //!
+//! # The key of a message, for callers
+//!
+//! Next to every handler, the attribute generates `<handler>_key(&message)`, with the
+//! handler's visibility: the [`HandlerKey`] the handler derives from the message (its
+//! scope, the message's [`IdempotencyKey`] and payload fingerprint), or [`KeyError`]
+//! when a key field is `None`. Producers that stamp keys, consumers that track
+//! positions, tests and tools call it rather than deriving the key again with
+//! [`KeyBuilder`](key::KeyBuilder), so that they follow the handler's `key`, `fingerprint`
+//! and `scope`. In an `impl` it is an associated function (`Payments::apply_key(&event)`);
+//! for a batch handler it takes one message; it is generic over those of the handler's
+//! type parameters that the message's type names.
+//!
 //! # Guarantees
 //!
 //! - Effects written through the handler's connection are applied exactly once per
@@ -245,7 +257,7 @@ pub use config::{Config, ConfigError, ErrorTexts, Pooler};
 pub use error_text::ErrorChain;
 pub use handle::{Idem, IdemBuilder, MIGRATOR};
 pub use idem_macros::{KeyPart, idempotent};
-pub use key::{IdempotencyKey, KeyError};
+pub use key::{HandlerKey, IdempotencyKey, KeyError};
 pub use outcome::{Disposition, Error, Handled, HandlerError, HandlerResult, Outcome};
 pub use store::{KeyRecord, Status};
 

@@ -8,12 +8,14 @@
 //!   as a closure;
 //! - `batch_handler`: a handler of a slice of messages (`&[&M]`), calling `run_batch_handler`;
 //! - `batch_variant`: `<handler>_batch` of a handler of one message (`batch = true`),
-//!   calling `run_batch`.
+//!   calling `run_batch`;
+//! - `key_fn`: `<handler>_key`, the key the handler derives from a message, for callers.
 
 mod batch_handler;
 mod batch_variant;
 mod expansion;
 mod key;
+mod key_fn;
 mod signature;
 mod single;
 mod spec;
@@ -35,10 +37,12 @@ pub(crate) fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<s
     let handler = validate(&mut args, item, mode)?;
     let batch_of = handler.batch_of;
     let expansion = Expansion::new(&args, item, handler, cache, shared_scope);
+    let key_fn = key_fn::expand(&expansion);
     if let Some(element) = batch_of {
-        return Ok(batch_handler::expand(&expansion, element));
+        let handler = batch_handler::expand(&expansion, element);
+        return Ok(quote!(#handler #key_fn));
     }
     let variant = batch.then(|| batch_variant::expand(&expansion));
     let handler = single::expand(&expansion, mode);
-    Ok(quote!(#variant #handler))
+    Ok(quote!(#variant #handler #key_fn))
 }

@@ -106,6 +106,9 @@ use std::fmt;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+pub(crate) mod handler_key;
+pub use handler_key::HandlerKey;
+
 /// The prefix that versions the encoding.
 pub const ENCODING_V1: &[u8] = b"idem:v1";
 

@@ -21,6 +21,7 @@ mod dropped_while_beginning_leaves_no_open_transaction;
 mod duplicate_of_success_writes_nothing;
 mod failed_handler_rolls_back_and_retries;
 mod fingerprint_option_none_is_a_value_not_a_missing_key;
+mod handler_key_is_the_key_the_handler_stored;
 mod in_progress_after_lock_timeout;
 mod killed_connection_leaves_no_claim;
 mod lease_concurrent_duplicates_get_in_progress;
