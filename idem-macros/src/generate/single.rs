@@ -60,53 +60,58 @@ pub(super) fn expand(x: &Expansion<'_>, mode: Mode) -> TokenStream {
     }
 }
 
-/// `run_transactional(idem, &spec, key, fingerprint, codec, body).await`. The body may
+/// The call of `run_transactional` (see `call_runner`). The body may
 /// run again after a transient failure: each run gets its own clone of the owned
 /// parameters, which it may move out of.
 fn transactional_call(x: &Expansion<'_>, key: &Ident, fingerprint: &Ident) -> TokenStream {
-    let (private, idem, spec, codec) = (&x.private, &x.idem, &x.spec.ident, &x.codec);
+    let private = &x.private;
     let transaction = Ident::new("__idem_transaction", Span::mixed_site());
     let clone_owned = x.item.sig.inputs.iter().filter_map(|input| match input {
         FnArg::Typed(typed) if !x.is_context(typed) => x.clone_if_owned(typed),
         _ => None,
     });
     let body = x.body_in(&transaction, TokenStream::new());
-    let run_args = quote! {
-        #idem,
-        &#spec,
-        #key,
-        #fingerprint,
-        #codec,
+    let closure = quote! {
         move |mut #transaction| {
             #(#clone_owned)*
             async move {
                 #body
             }
-        },
+        }
     };
-    call_at(&quote!(#private::run_transactional), run_args, x.first)
+    let runner = quote!(#private::run_transactional);
+    call_runner(x, &runner, key, fingerprint, closure)
 }
 
-/// `run_lease(idem, &spec, key, fingerprint, codec, body).await`. A lease body runs once
+/// The call of `run_lease` (see `call_runner`). A lease body runs once
 /// and takes the parameters as they are.
 fn lease_call(x: &Expansion<'_>, key: &Ident, fingerprint: &Ident) -> TokenStream {
-    let (private, idem, spec, codec) = (&x.private, &x.idem, &x.spec.ident, &x.codec);
+    let private = &x.private;
     let (output, block) = (x.output(), &x.item.block);
     let guard_local = Ident::new("__idem_lease", Span::mixed_site());
     let guard = x.handler.context.map(|context| {
         let (lease_pat, lease_ty) = (&context.pat, &context.ty);
         quote!(let #lease_pat: #lease_ty = &#guard_local;)
     });
-    let run_args = quote! {
-        #idem,
-        &#spec,
-        #key,
-        #fingerprint,
-        #codec,
+    let closure = quote! {
         move |#guard_local| async move {
             #guard
             #private::handler_body::<#output, _>(async #block).await
-        },
+        }
     };
-    call_at(&quote!(#private::run_lease), run_args, x.first)
+    call_runner(x, &quote!(#private::run_lease), key, fingerprint, closure)
+}
+
+/// `runner(idem, &spec, key, fingerprint, codec, body).await`, spanned on the return
+/// type (see `call_at`).
+fn call_runner(
+    x: &Expansion<'_>,
+    runner: &TokenStream,
+    key: &Ident,
+    fingerprint: &Ident,
+    body: TokenStream,
+) -> TokenStream {
+    let (idem, spec, codec) = (&x.idem, &x.spec.ident, &x.codec);
+    let run_args = quote!(#idem, &#spec, #key, #fingerprint, #codec, #body,);
+    call_at(runner, run_args, x.first)
 }
