@@ -1,65 +1,22 @@
-//! The runtime handle: the pool, the settings and the statements of one status table.
+//! The runtime handle's public API: building it ([`IdemBuilder`]), migrating its status
+//! table, and the reads and changes of keys that callers make outside a handler. Its state
+//! and what the protocols use of it are in `runtime`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::migrate::MigrateError;
 use sqlx::{PgConnection, PgPool};
 
+use crate::cache::CacheSlot;
 use crate::config::{Config, ConfigError, Identifier};
-use crate::duplicate_rate::DuplicateRates;
-use crate::handler::HandlerSpec;
-use crate::inflight::InFlight;
 use crate::key::IdempotencyKey;
-use crate::scope::Scopes;
-use crate::store::{KeyRecord, Statements};
-
-/// The migrations of the status table (`migrations/` of the crate, packaged with it).
-///
-/// They create the status table `idem_keys`, the scope owners `idem_scopes` and the
-/// cache namespace `idem_instance` in the current
-/// `search_path`; [`Idem::migrate`] applies them in the configured schema.
-pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
-
-/// The runtime handle that idempotent handlers are called with.
-///
-/// Cheap to clone; share one per application. Create it with [`Idem::new`] (defaults)
-/// or [`Idem::builder`], then call [`Idem::migrate`] once at start-up.
-///
-/// ```no_run
-/// # async fn start() -> Result<(), Box<dyn std::error::Error>> {
-/// let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
-/// let idem = idem_runtime::Idem::builder(pool)
-///     .schema("billing_idem")
-///     .max_attempts(3)
-///     .build()?;
-/// idem.migrate().await?;
-/// # Ok(()) }
-/// ```
-#[derive(Clone, Debug)]
-pub struct Idem {
-    inner: Arc<Inner>,
-}
-
-#[derive(Debug)]
-struct Inner {
-    pool: PgPool,
-    config: Config,
-    statements: Statements,
-    cache: crate::cache::CacheSlot,
-    scopes: Scopes,
-    in_flight: InFlight,
-    duplicate_rates: DuplicateRates,
-    session_lock_timeout: tokio::sync::OnceCell<String>,
-    /// The faults a test armed for this handle's next deliveries.
-    #[cfg(feature = "testing")]
-    faults: crate::testing::FaultSlot,
-}
+use crate::runtime::Idem;
+use crate::store::{KeyRecord, MIGRATOR};
 
 impl Idem {
     /// A handle with the default settings (schema `idem`, 5 attempts, 5 s lock timeout).
     pub fn new(pool: PgPool) -> Self {
-        Self::with_config(pool, Config::default(), Default::default())
+        Self::from_parts(pool, Config::default(), Default::default())
     }
 
     /// A builder to change the settings.
@@ -72,129 +29,12 @@ impl Idem {
         }
     }
 
-    fn with_config(pool: PgPool, config: Config, cache: crate::cache::CacheSlot) -> Self {
-        let statements = Statements::new(&config);
-        Idem {
-            inner: Arc::new(Inner {
-                pool,
-                config,
-                statements,
-                cache,
-                scopes: Scopes::default(),
-                in_flight: InFlight::default(),
-                duplicate_rates: DuplicateRates::default(),
-                session_lock_timeout: tokio::sync::OnceCell::new(),
-                #[cfg(feature = "testing")]
-                faults: Default::default(),
-            }),
-        }
-    }
-
-    /// A handle over the same pool, settings and cache that shares no state of the
-    /// process with this one (turns of in-flight keys, checked scopes, armed faults), as
-    /// another consumer process's handle would.
-    #[cfg(feature = "testing")]
-    pub(crate) fn another_process(&self) -> Idem {
-        let inner = &self.inner;
-        Self::with_config(
-            inner.pool.clone(),
-            inner.config.clone(),
-            inner.cache.clone(),
-        )
-    }
-
-    /// The faults a test armed for this handle's next deliveries.
-    #[cfg(feature = "testing")]
-    pub(crate) fn faults(&self) -> &crate::testing::FaultSlot {
-        &self.inner.faults
-    }
-
-    /// The connection pool.
-    pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
-    }
-
-    /// The settings.
-    pub fn config(&self) -> &Config {
-        &self.inner.config
-    }
-
-    pub(crate) fn statements(&self) -> &Statements {
-        &self.inner.statements
-    }
-
-    pub(crate) fn cache(&self) -> &crate::cache::CacheSlot {
-        &self.inner.cache
-    }
-
-    pub(crate) fn in_flight(&self) -> &InFlight {
-        &self.inner.in_flight
-    }
-
-    pub(crate) fn duplicate_rates(&self) -> &DuplicateRates {
-        &self.inner.duplicate_rates
-    }
-
-    /// Refuses a handler whose scope another handler owns (see [`crate::scope`]).
-    pub(crate) async fn check_scope(
-        &self,
-        spec: &HandlerSpec,
-        identity: &'static str,
-    ) -> Result<(), crate::scope::Error> {
-        self.inner
-            .scopes
-            .check(self.pool(), self.statements(), spec, identity)
-            .await
-    }
-
-    /// The lock timeout of the pool's sessions (read once): what a handler's body runs
-    /// with, after the claim ran with the configured one.
-    pub(crate) async fn session_lock_timeout(&self) -> Result<&str, sqlx::Error> {
-        self.inner
-            .session_lock_timeout
-            .get_or_try_init(|| async { self.statements().session_lock_timeout(self.pool()).await })
-            .await
-            .map(String::as_str)
-    }
-
-    /// The transaction of a claim: a connection from the pool inside a transaction whose
-    /// lock waits are bounded by the lock timeout (one round trip), ended by idem's own
-    /// statements. Cancel-safe: see [`KeyTransaction`](crate::key_transaction::KeyTransaction).
-    pub(crate) async fn key_transaction(
-        &self,
-    ) -> Result<crate::key_transaction::KeyTransaction, sqlx::Error> {
-        crate::key_transaction::KeyTransaction::begin(
-            self.pool(),
-            &self.statements().begin,
-            self.config().pooler() == crate::config::Pooler::Transaction,
-        )
-        .await
-    }
-
-    /// A short transaction of the runtime's own (recording a failure, a lease's steps)
-    /// whose lock waits are bounded by the lock timeout.
-    ///
-    /// Cancel-safe: sqlx 0.8's `begin` returns a connection to the pool inside its open
-    /// transaction when the future is dropped while `BEGIN` is in flight, and the pool's
-    /// next user then runs inside it. The `BEGIN` runs in a task of its own: a delivery
-    /// dropped meanwhile leaves the task to finish, and the transaction it opened is
-    /// rolled back when the task drops it.
-    pub(crate) async fn bounded_transaction(
-        &self,
-    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
-        let pool = self.pool().clone();
-        let begin = self.statements().begin.clone();
-        tokio::spawn(async move { pool.begin_with(begin).await })
-            .await
-            .map_err(|joined| sqlx::Error::Io(std::io::Error::other(joined)))?
-    }
-
     /// What the Redis cache did so far (hits, misses, errors, writes, ...), or `None`
     /// without a cache ([`IdemBuilder::redis`]).
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn cache_stats(&self) -> Option<crate::cache::CacheStats> {
-        self.inner.cache.stats()
+        self.cache().stats()
     }
 
     /// The name of the Redis entry of `key` in `scope` (`<prefix><namespace>:<scope>:<key>`,
@@ -204,7 +44,9 @@ impl Idem {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub async fn cache_entry_name(&self, scope: &str, key: IdempotencyKey) -> Option<String> {
-        self.inner.cache.entry_name(self, scope, key).await
+        self.cache()
+            .entry_name(self.pool(), self.statements(), scope, key)
+            .await
     }
 
     /// Creates the schema if needed and applies the status table's migrations in it.
@@ -326,7 +168,7 @@ pub struct IdemBuilder {
     pool: PgPool,
     config: Config,
     schema: Option<String>,
-    cache: crate::cache::CacheSlot,
+    cache: CacheSlot,
 }
 
 impl IdemBuilder {
@@ -403,7 +245,7 @@ impl IdemBuilder {
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     pub fn redis(mut self, cache: impl Into<crate::cache::RedisCache>) -> Self {
-        self.cache = crate::cache::CacheSlot::new(cache.into());
+        self.cache = CacheSlot::new(cache.into());
         self
     }
 
@@ -415,6 +257,6 @@ impl IdemBuilder {
         if self.config.max_attempts == 0 {
             return Err(ConfigError::ZeroAttempts);
         }
-        Ok(Idem::with_config(self.pool, self.config, self.cache))
+        Ok(Idem::from_parts(self.pool, self.config, self.cache))
     }
 }

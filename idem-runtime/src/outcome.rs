@@ -141,7 +141,7 @@ pub enum Error<E> {
     /// each other's messages. Nothing was claimed or run. Give one of them its own
     /// `scope`, or declare `shared_scope = true` on both when that is intended.
     #[error("scope conflict: {0}")]
-    ScopeConflict(#[source] crate::scope::ScopeConflict),
+    ScopeConflict(#[source] ScopeConflict),
 }
 
 impl<E> Error<E> {
@@ -167,6 +167,28 @@ impl<E> Error<E> {
 impl<E> From<sqlx::Error> for Error<E> {
     fn from(error: sqlx::Error) -> Self {
         Error::Database(error)
+    }
+}
+
+/// Two handlers would share a scope without declaring it (see [`scope`](crate::scope)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ScopeConflict {
+    scope: String,
+    message: String,
+}
+
+impl ScopeConflict {
+    pub(crate) fn new(scope: &str, message: String) -> Self {
+        ScopeConflict {
+            scope: scope.to_owned(),
+            message,
+        }
+    }
+
+    /// The scope both handlers use.
+    pub fn scope(&self) -> &str {
+        &self.scope
     }
 }
 

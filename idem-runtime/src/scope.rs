@@ -31,22 +31,8 @@ use std::sync::Mutex;
 use sqlx::PgPool;
 
 use crate::handler::HandlerSpec;
+pub use crate::outcome::ScopeConflict;
 use crate::store::Statements;
-
-/// Two handlers would share a scope without declaring it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct ScopeConflict {
-    scope: String,
-    message: String,
-}
-
-impl ScopeConflict {
-    /// The scope both handlers use.
-    pub fn scope(&self) -> &str {
-        &self.scope
-    }
-}
 
 /// A handler's identity in the process: the path of the function that calls the runner
 /// (its module, its `impl` type, its generic arguments), from the type name of the body
@@ -150,10 +136,7 @@ fn compare(scope: &str, first: Seen, ours: Seen) -> Result<(), Error> {
             first.identity, ours.identity
         )
     };
-    Err(Error::Conflict(ScopeConflict {
-        scope: scope.to_owned(),
-        message,
-    }))
+    Err(Error::Conflict(ScopeConflict::new(scope, message)))
 }
 
 /// The longest scope, in bytes.
@@ -256,10 +239,7 @@ async fn record(
 }
 
 fn conflict(scope: &str, message: String) -> Error {
-    Error::Conflict(ScopeConflict {
-        scope: scope.to_owned(),
-        message,
-    })
+    Error::Conflict(ScopeConflict::new(scope, message))
 }
 
 impl<E> From<Error> for crate::Error<E> {

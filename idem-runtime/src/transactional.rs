@@ -44,9 +44,9 @@ use sqlx::PgConnection;
 use tracing::Instrument;
 
 use crate::Idem;
-use crate::cache;
 use crate::config::ErrorTexts;
 use crate::error_text::{error_kind, failure_text, is_transient, storable_text};
+use crate::faults::{self, BackendKill};
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::key_transaction::KeyTransaction;
@@ -115,8 +115,9 @@ where
     let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);
     let mut retries = Retries::new(idem.config().transient_retries());
     // A key cached as succeeded is a duplicate without a word to PostgreSQL.
-    if let Some(duplicate) =
-        cache::lookup(idem, cache_policy, scope, key, fingerprint, &codec).await
+    if let Some(duplicate) = idem
+        .cached(cache_policy, scope, key, fingerprint, &codec)
+        .await
     {
         return Ok(duplicate);
     }
@@ -134,7 +135,8 @@ where
                 if mismatched(fingerprint, &existing) {
                     return Err(Error::PayloadMismatch { key });
                 }
-                cache::remember_existing(idem, cache_policy, scope, key, &existing).await;
+                idem.cache_existing(cache_policy, scope, key, &existing)
+                    .await;
                 return decide(key, existing, &codec);
             }
             // A new key, or one still being worked on: the claim decides (and counts the
@@ -172,7 +174,8 @@ where
                 // Read-only so far: dropping the transaction rolls it back before its
                 // connection is reused, without the caller waiting for it.
                 drop(tx);
-                cache::remember_existing(idem, cache_policy, scope, key, &existing).await;
+                idem.cache_existing(cache_policy, scope, key, &existing)
+                    .await;
                 return decide(key, existing, &codec);
             }
             Ok(Claimed::Mismatch) => return Err(Error::PayloadMismatch { key }),
@@ -184,39 +187,24 @@ where
             Err(error) => return Err(Error::Database(error)),
         };
 
-        // Tests only: a fault armed on the handle (the feature `testing`).
-        #[cfg(feature = "testing")]
-        let mut kill = crate::testing::faults::BackendKill::at_claim(idem, &mut tx).await;
+        // Tests only: a fault armed on the handle (a no-op without the feature `testing`).
+        let mut kill = BackendKill::at_claim(idem.faults(), idem.pool(), &mut tx).await;
         let running = Timer::start();
-        #[cfg(feature = "testing")]
         let (tx, result) = kill.during_body(body(tx)).await;
-        #[cfg(not(feature = "testing"))]
-        let (tx, result) = body(tx).await;
         running.handler(scope, mode);
         let failure = match result {
             Ok(value) => {
                 let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;
                 let commit = idem.statements().commit(scope, uuid, stored.as_ref());
-                #[cfg(feature = "testing")]
-                if let Some(lost) = crate::testing::faults::before_commit(idem) {
+                if let Some(lost) = faults::before_commit(idem.faults()) {
                     let _ = tx.rollback().await;
                     return Err(Error::Database(lost));
                 }
-                #[cfg(feature = "testing")]
                 let committed = kill.during_commit(tx.commit(&commit)).await;
-                #[cfg(not(feature = "testing"))]
-                let committed = tx.commit(&commit).await;
                 match committed {
                     Ok(()) => {
-                        cache::remember(
-                            idem,
-                            cache_policy,
-                            scope,
-                            key,
-                            fingerprint,
-                            stored.as_ref(),
-                        )
-                        .await;
+                        idem.cache_success(cache_policy, scope, key, fingerprint, stored.as_ref())
+                            .await;
                         return Ok(Outcome::Executed(value));
                     }
                     Err(error) if retries.take(&error).await => continue,

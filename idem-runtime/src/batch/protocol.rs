@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::BatchOutcomes;
 use crate::Idem;
+use crate::faults;
 use crate::handler::{BatchResult, HandlerSpec, NoResult, ResultCodec};
 use crate::inflight::KeyTurn;
 use crate::key::{IdempotencyKey, KeyError};
@@ -454,9 +455,9 @@ enum Fallback {
 /// Commits the batch transaction `xid`, with the check of
 /// [`Statements::commit`](crate::store::Statements::commit) in the same round trip.
 async fn commit(idem: &Idem, tx: KeyTransaction, xid: i64) -> Result<(), Fallback> {
-    // Tests only: a connection lost before the batch's commit (the feature `testing`).
-    #[cfg(feature = "testing")]
-    if let Some(lost) = crate::testing::faults::before_commit(idem) {
+    // Tests only: a connection lost before the batch's commit (a no-op without the
+    // feature `testing`).
+    if let Some(lost) = faults::before_commit(idem.faults()) {
         let _ = tx.rollback().await;
         return Err(Fallback::Database(lost));
     }

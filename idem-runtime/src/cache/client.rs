@@ -219,9 +219,13 @@ impl Cache {
     /// never read each other's entries from a shared Redis, and the secret that signs
     /// the entries. Read from PostgreSQL on first use; `None` (no cache for this
     /// delivery) while it cannot be read.
-    pub(super) async fn instance(&self, idem: &crate::Idem) -> Option<&Instance> {
+    pub(super) async fn instance(
+        &self,
+        pool: &sqlx::PgPool,
+        statements: &crate::store::Statements,
+    ) -> Option<&Instance> {
         let read = self.instance.get_or_try_init(|| async {
-            let (identity, stored_secret) = idem.statements().cache_instance(idem.pool()).await?;
+            let (identity, stored_secret) = statements.cache_instance(pool).await?;
             let secret = self.settings.secret.clone().unwrap_or(stored_secret);
             Ok::<_, sqlx::Error>(Instance::new(identity, secret))
         });

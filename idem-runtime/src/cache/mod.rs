@@ -42,11 +42,12 @@
 #[cfg(feature = "redis")]
 use std::time::Duration;
 
-use crate::Idem;
+use sqlx::PgPool;
+
 use crate::handler::{CachePolicy, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::outcome::Outcome;
-use crate::store::Existing;
+use crate::store::Statements;
 
 /// The cache of a runtime handle, if one is set up.
 #[derive(Debug, Default, Clone)]
@@ -67,14 +68,17 @@ impl CacheSlot {
         self.cache.as_deref().map(Cache::stats)
     }
 
+    /// The name of the entry of `key` in `scope`, once the namespace is read from the
+    /// status table's schema through `pool`.
     pub(crate) async fn entry_name(
         &self,
-        idem: &Idem,
+        pool: &PgPool,
+        statements: &Statements,
         scope: &str,
         key: IdempotencyKey,
     ) -> Option<String> {
         let cache = self.cache.as_ref()?;
-        let instance = cache.instance(idem).await?;
+        let instance = cache.instance(pool, statements).await?;
         Some(cache.name(instance, scope, key))
     }
 
@@ -89,65 +93,52 @@ impl CacheSlot {
     }
 }
 
-/// The duplicate outcome for `key` from the cache, if the key is cached as succeeded with
-/// a matching fingerprint. `None` sends the delivery on to PostgreSQL.
-pub(crate) async fn lookup<T, C: ResultCodec<T>>(
-    idem: &Idem,
-    policy: CachePolicy,
-    scope: &str,
-    key: IdempotencyKey,
-    fingerprint: Option<&[u8]>,
-    codec: &C,
-) -> Option<Outcome<T>> {
-    #[cfg(feature = "redis")]
-    if let Some((cache, _)) = idem.cache().active(policy) {
-        let instance = cache.instance(idem).await?;
-        return cache.lookup(instance, scope, key, fingerprint, codec).await;
+impl CacheSlot {
+    /// The duplicate outcome for `key` from the cache, if the key is cached as succeeded
+    /// with a matching fingerprint. `None` sends the delivery on to PostgreSQL.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn lookup<T, C: ResultCodec<T>>(
+        &self,
+        pool: &PgPool,
+        statements: &Statements,
+        policy: CachePolicy,
+        scope: &str,
+        key: IdempotencyKey,
+        fingerprint: Option<&[u8]>,
+        codec: &C,
+    ) -> Option<Outcome<T>> {
+        #[cfg(feature = "redis")]
+        if let Some((cache, _)) = self.active(policy) {
+            let instance = cache.instance(pool, statements).await?;
+            return cache.lookup(instance, scope, key, fingerprint, codec).await;
+        }
+        #[cfg(not(feature = "redis"))]
+        let _ = (pool, statements, policy, scope, key, fingerprint, codec);
+        None
     }
-    #[cfg(not(feature = "redis"))]
-    let _ = (idem.cache(), policy, scope, key, fingerprint, codec);
-    None
-}
 
-/// Writes a committed success of `key` to the cache, in the background: the delivery
-/// does not wait for Redis. Never fails: a write that does not happen only means that the
-/// next duplicate asks PostgreSQL.
-pub(crate) async fn remember(
-    idem: &Idem,
-    policy: CachePolicy,
-    scope: &str,
-    key: IdempotencyKey,
-    fingerprint: Option<&[u8]>,
-    result: Option<&serde_json::Value>,
-) {
-    #[cfg(feature = "redis")]
-    if let Some((cache, ttl)) = idem.cache().active(policy)
-        && let Some(instance) = cache.instance(idem).await
-    {
-        cache.store(instance, ttl, scope, key, fingerprint, result);
-    }
-    #[cfg(not(feature = "redis"))]
-    let _ = (idem.cache(), policy, scope, key, fingerprint, result);
-}
-
-/// Writes the row that PostgreSQL answered a duplicate with, if it is a `success`.
-pub(crate) async fn remember_existing(
-    idem: &Idem,
-    policy: CachePolicy,
-    scope: &str,
-    key: IdempotencyKey,
-    existing: &Existing,
-) {
-    if existing.status == crate::store::Status::Success {
-        remember(
-            idem,
-            policy,
-            scope,
-            key,
-            existing.fingerprint.as_deref(),
-            existing.result.as_ref(),
-        )
-        .await;
+    /// Writes a committed success of `key` to the cache, in the background: the delivery
+    /// does not wait for Redis. Never fails: a write that does not happen only means that
+    /// the next duplicate asks PostgreSQL.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn remember(
+        &self,
+        pool: &PgPool,
+        statements: &Statements,
+        policy: CachePolicy,
+        scope: &str,
+        key: IdempotencyKey,
+        fingerprint: Option<&[u8]>,
+        result: Option<&serde_json::Value>,
+    ) {
+        #[cfg(feature = "redis")]
+        if let Some((cache, ttl)) = self.active(policy)
+            && let Some(instance) = cache.instance(pool, statements).await
+        {
+            cache.store(instance, ttl, scope, key, fingerprint, result);
+        }
+        #[cfg(not(feature = "redis"))]
+        let _ = (pool, statements, policy, scope, key, fingerprint, result);
     }
 }
 

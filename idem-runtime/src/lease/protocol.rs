@@ -8,8 +8,8 @@ use uuid::Uuid;
 
 use super::Lease;
 use crate::Idem;
-use crate::cache;
 use crate::error_text::failure_text;
+use crate::faults;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::outcome::{Error, HandlerError, Outcome};
@@ -68,8 +68,9 @@ where
     let max_attempts = spec.max_attempts.unwrap_or(idem.config().max_attempts());
     let token = Uuid::new_v4();
     // A key cached as succeeded is a duplicate without a word to PostgreSQL.
-    if let Some(duplicate) =
-        cache::lookup(idem, cache_policy, scope, key, fingerprint, &codec).await
+    if let Some(duplicate) = idem
+        .cached(cache_policy, scope, key, fingerprint, &codec)
+        .await
     {
         return Ok(duplicate);
     }
@@ -100,9 +101,9 @@ where
     let attempt = match claimed {
         Ok(LeaseClaim::Won { attempt }) => {
             tx.commit().await?;
-            // Tests only: a worker that vanishes holding the lease (the feature `testing`).
-            #[cfg(feature = "testing")]
-            if let Some(lost) = crate::testing::faults::after_lease_claim(idem) {
+            // Tests only: a worker that vanishes holding the lease (a no-op without the
+            // feature `testing`).
+            if let Some(lost) = faults::after_lease_claim(idem.faults()) {
                 return Err(Error::Database(lost));
             }
             attempt
@@ -125,9 +126,9 @@ where
     let (text, failure) = match result {
         Ok(value) => {
             let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;
-            // Tests only: a worker that vanishes after its effect (the feature `testing`).
-            #[cfg(feature = "testing")]
-            if let Some(lost) = crate::testing::faults::before_lease_completion(idem) {
+            // Tests only: a worker that vanishes after its effect (a no-op without the
+            // feature `testing`).
+            if let Some(lost) = faults::before_lease_completion(idem.faults()) {
                 return Err(Error::Database(lost));
             }
             // The effect has happened: a completion that a lost connection or the pooler
@@ -155,7 +156,7 @@ where
             };
             match completed {
                 Ok(true) => {
-                    cache::remember(idem, cache_policy, scope, key, fingerprint, stored.as_ref())
+                    idem.cache_success(cache_policy, scope, key, fingerprint, stored.as_ref())
                         .await;
                     return Ok(Outcome::Executed(value));
                 }
@@ -223,6 +224,7 @@ async fn settled<T, E, C: ResultCodec<T>>(
     if transactional::mismatched(fingerprint, &existing) {
         return Err(Error::PayloadMismatch { key });
     }
-    cache::remember_existing(idem, spec.cache, spec.scope, key, &existing).await;
+    idem.cache_existing(spec.cache, spec.scope, key, &existing)
+        .await;
     transactional::decide(key, existing, codec)
 }

@@ -17,6 +17,13 @@ use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 use crate::config::Identifier;
 
+/// The migrations of the status table (`migrations/` of the crate, packaged with it).
+///
+/// They create the status table `idem_keys`, the scope owners `idem_scopes` and the
+/// cache namespace `idem_instance` in the current
+/// `search_path`; [`Idem::migrate`](crate::Idem::migrate) applies them in the configured schema.
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
 /// Creates `schema` if needed and applies `migrator`'s migrations in it, in one
 /// transaction, tracked in the schema's own `_sqlx_migrations` table (the table sqlx's
 /// migrator writes, so `sqlx migrate` and earlier versions of idem read the same state).

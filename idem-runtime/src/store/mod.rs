@@ -32,7 +32,7 @@ pub(crate) use admin::{KeyChange, Selection};
 pub(crate) use delivery::{Claim, ClaimedKey};
 pub(crate) use grants::consumer_grants;
 pub(crate) use lease::LeaseClaim;
-pub use migrate::migrate_schema;
+pub use migrate::{MIGRATOR, migrate_schema};
 pub(crate) use retention::Windows;
 
 use sql::{Protocol, Query, Value};

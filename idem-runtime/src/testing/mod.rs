@@ -174,7 +174,6 @@ pub use assertions::assert_idempotent;
 pub use cancel::{Drops, assert_survives_drops};
 pub use checkpoint::Checkpoint;
 pub use database::{Effects, count_rows, idem, idem_with, processes, wait_for_lease_expiry};
-pub(crate) use faults::FaultSlot;
 pub use faults::{Fault, Injection, inject};
 pub use race::{RaceReport, assert_race_applies_once, race};
 pub use survive::{Survival, assert_survives};

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
+pub(crate) mod retention;
+
 /// A configuration value was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -64,7 +66,7 @@ pub struct Config {
     pub(crate) lock_timeout: Duration,
     pub(crate) transient_retries: u32,
     pub(crate) error_texts: ErrorTexts,
-    pub(crate) retention: crate::retention::Retention,
+    pub(crate) retention: retention::Retention,
     pub(crate) pooler: Pooler,
 }
 
@@ -109,7 +111,7 @@ impl Default for Config {
             lock_timeout: Duration::from_secs(5),
             transient_retries: 3,
             error_texts: ErrorTexts::Full,
-            retention: crate::retention::Retention::default(),
+            retention: retention::Retention::default(),
             pooler: Pooler::Session,
         }
     }
@@ -144,7 +146,7 @@ impl Config {
 
     /// How long `success` keys are kept, and how the cleanup deletes them (default: 7
     /// days; the cleanup only runs when called, see [`retention`](crate::retention)).
-    pub fn retention(&self) -> &crate::retention::Retention {
+    pub fn retention(&self) -> &retention::Retention {
         &self.retention
     }
 

@@ -1,0 +1,117 @@
+//! The retention settings of a handle: how long `success` keys are kept and how the
+//! cleanup deletes them. Documented, with the cleanup, in [`retention`](crate::retention).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The default window: 7 days.
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How long `success` keys are kept, and how the cleanup deletes them.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem_runtime::retention::Retention;
+///
+/// let retention = Retention::new(Duration::from_secs(3 * 24 * 3600))
+///     .scope_window("audit::record", Duration::from_secs(30 * 24 * 3600))
+///     .batch_size(2_000)
+///     .statement_timeout(Duration::from_secs(1));
+/// assert_eq!(retention.window_of("audit::record"), Duration::from_secs(30 * 24 * 3600));
+/// assert_eq!(retention.window_of("billing::pay"), Duration::from_secs(3 * 24 * 3600));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retention {
+    pub(crate) window: Duration,
+    pub(crate) scopes: BTreeMap<String, Duration>,
+    pub(crate) batch_size: u32,
+    pub(crate) statement_timeout: Duration,
+    pub(crate) pause: Duration,
+    pub(crate) max_batches: Option<u32>,
+    pub(crate) interval: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention::new(DEFAULT_WINDOW)
+    }
+}
+
+impl Retention {
+    /// Keeps `success` keys for `window` after their last change; batches of 5,000 rows,
+    /// each with a statement timeout of 2 s; a background cleanup every minute.
+    pub fn new(window: Duration) -> Self {
+        Retention {
+            window,
+            scopes: BTreeMap::new(),
+            batch_size: 5_000,
+            statement_timeout: Duration::from_secs(2),
+            pause: Duration::ZERO,
+            max_batches: None,
+            interval: Duration::from_secs(60),
+        }
+    }
+
+    /// The window of `scope`'s keys instead of the default one (and instead of the one its
+    /// handler declares): longer for a scope whose messages can be replayed for longer,
+    /// shorter for a busy scope.
+    pub fn scope_window(mut self, scope: impl Into<String>, window: Duration) -> Self {
+        self.scopes.insert(scope.into(), window);
+        self
+    }
+
+    /// The most rows one batch deletes (default 5,000; at least 1).
+    pub fn batch_size(mut self, rows: u32) -> Self {
+        self.batch_size = rows.max(1);
+        self
+    }
+
+    /// The statement timeout of each batch (default 2 s). A batch that hits it rolls back
+    /// and the next batch is half as large.
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// A pause between two batches, to leave the database to the consumers (default none).
+    pub fn pause(mut self, pause: Duration) -> Self {
+        self.pause = pause;
+        self
+    }
+
+    /// The most batches one cleanup runs (default: until nothing is left to delete).
+    pub fn max_batches(mut self, batches: u32) -> Self {
+        self.max_batches = Some(batches.max(1));
+        self
+    }
+
+    /// How often the background task of [`Idem::spawn_retention`](crate::Idem::spawn_retention) runs the cleanup
+    /// (default every minute).
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.interval = interval.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The default window.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The window of `scope` in these settings: its own, or the default. (A window that
+    /// the scope's handler declares is read from the database by the cleanup, after these.)
+    pub fn window_of(&self, scope: &str) -> Duration {
+        self.scopes.get(scope).copied().unwrap_or(self.window)
+    }
+
+    /// The scopes with a window of their own.
+    pub fn scope_windows(&self) -> impl Iterator<Item = (&str, Duration)> {
+        self.scopes
+            .iter()
+            .map(|(scope, window)| (scope.as_str(), *window))
+    }
+
+    /// The interval of the background task.
+    pub fn interval_duration(&self) -> Duration {
+        self.interval
+    }
+}
