@@ -109,6 +109,27 @@ pub async fn stored_offsets(
     Ok(rows.into_iter().collect())
 }
 
+/// The longest error text a dead letter records, in bytes; longer texts are cut at a
+/// character boundary and marked.
+const MAX_DEAD_LETTER_ERROR: usize = 4096;
+
+/// `error` as the `error` column can hold it: PostgreSQL's `text` refuses NUL characters
+/// (an error quoting a hostile payload may carry one), and a refused insert would leave
+/// the message undecided and redelivered forever; replaced by U+FFFD, and bounded.
+fn storable_error(error: &str) -> String {
+    const MARK: &str = " [truncated]";
+    let mut text = error.replace('\0', "\u{fffd}");
+    if text.len() > MAX_DEAD_LETTER_ERROR {
+        let mut cut = MAX_DEAD_LETTER_ERROR - MARK.len();
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str(MARK);
+    }
+    text
+}
+
 /// Records `delivery` as dead for `group`. Returns `false` if it was already recorded
 /// (a redelivery).
 pub(crate) async fn insert_dead_letter(
@@ -133,7 +154,7 @@ pub(crate) async fn insert_dead_letter(
     .bind(delivery.key.as_deref())
     .bind(delivery.payload.as_deref())
     .bind(reason.as_str())
-    .bind(error)
+    .bind(storable_error(error))
     .persistent(schema.prepared())
     .execute(conn)
     .await?;
@@ -217,4 +238,19 @@ pub async fn dead_letters(
             },
         )
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_DEAD_LETTER_ERROR, storable_error};
+
+    #[test]
+    fn error_texts_are_stored_without_nul_and_bounded() {
+        assert_eq!(storable_error("bad \0 byte"), "bad \u{fffd} byte");
+        assert_eq!(storable_error("plain"), "plain");
+        let long = "é".repeat(MAX_DEAD_LETTER_ERROR);
+        let stored = storable_error(&long);
+        assert!(stored.len() <= MAX_DEAD_LETTER_ERROR);
+        assert!(stored.ends_with(" [truncated]"));
+    }
 }
