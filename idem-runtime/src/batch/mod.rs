@@ -46,6 +46,9 @@
 
 use crate::outcome::{Error, Outcome};
 
+mod claim;
+mod pass;
+mod plan;
 pub(crate) mod protocol;
 
 /// The outcome of each message of a batch, in the order of the messages: what a

@@ -1,6 +1,7 @@
 //! The lease protocol: claim, run, mark (see the [module docs](super)).
 
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use tracing::Instrument;
@@ -42,7 +43,8 @@ where
     result
 }
 
-/// [`run`] without its span and outcome count.
+/// [`run`] without its span and outcome count: one step per stage of the [module
+/// docs](super), each of which may answer the delivery (`Break`) or hand on to the next.
 async fn run_inner<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
@@ -59,155 +61,241 @@ where
 {
     let identity = scope::handler_identity::<F>();
     idem.check_scope(spec, identity).await?;
-    let statements = idem.statements();
-    let cache_policy = spec.cache;
-    let lease = spec.lease_or_default();
-    let scope = spec.scope;
-    let uuid = key.as_uuid();
-    let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);
-    let max_attempts = spec.max_attempts.unwrap_or(idem.config().max_attempts());
-    let token = Uuid::new_v4();
-    // A key cached as succeeded is a duplicate without a word to PostgreSQL.
-    if let Some(duplicate) = idem
-        .cached(cache_policy, scope, key, fingerprint, &codec)
-        .await
-    {
-        return Ok(duplicate);
-    }
-
-    // A duplicate, a parked key or a live lease decides by a plain read (no lock).
-    let mut conn = idem.pool().acquire().await?;
-    if let Some(existing) = statements.settled_lease(&mut conn, scope, uuid).await? {
-        drop(conn);
-        return settled(idem, spec, key, fingerprint, existing, &codec).await;
-    }
-    drop(conn);
-    // Every lease statement that writes runs in a short transaction whose lock waits are
-    // bounded.
-    let claiming = Timer::start();
-    let mut tx = idem.bounded_transaction().await?;
-    let claimed = statements
-        .claim_lease(
-            &mut tx,
-            scope,
-            uuid,
-            fingerprint,
-            token,
-            lease,
-            max_attempts,
-        )
-        .await;
-    claiming.claim(scope, Mode::Lease);
-    let attempt = match claimed {
-        Ok(LeaseClaim::Won { attempt }) => {
-            tx.commit().await?;
-            // Tests only: a worker that vanishes holding the lease (a no-op without the
-            // feature `testing`).
-            if let Some(lost) = faults::after_lease_claim(idem.faults()) {
-                return Err(Error::Database(lost));
-            }
-            attempt
-        }
-        Ok(LeaseClaim::Existing(existing)) => {
-            tx.commit().await?;
-            return settled(idem, spec, key, fingerprint, existing, &codec).await;
-        }
-        Err(error) if transactional::is_lock_timeout(&error) => {
-            return Err(Error::InProgress { key });
-        }
-        Err(error) => return Err(Error::Database(error)),
+    let delivery = LeaseDelivery {
+        idem,
+        spec,
+        key,
+        fingerprint: fingerprint.as_ref().map(<[u8; 32]>::as_slice),
+        token: Uuid::new_v4(),
+        max_attempts: spec.max_attempts.unwrap_or(idem.config().max_attempts()),
     };
-
-    let guard = Lease::new(idem.clone(), scope, key, token, attempt);
+    if let ControlFlow::Break(outcome) = delivery.decide_without_claim(&codec).await? {
+        return Ok(outcome);
+    }
+    let attempt = match delivery.claim(&codec).await? {
+        ControlFlow::Continue(attempt) => attempt,
+        ControlFlow::Break(outcome) => return Ok(outcome),
+    };
+    let guard = Lease::new(idem.clone(), spec.scope, key, delivery.token, attempt);
     let running = Timer::start();
     let result = body(guard).await;
-    running.handler(scope, Mode::Lease);
-
+    running.handler(spec.scope, Mode::Lease);
+    let texts = idem.config().error_texts();
     let (text, failure) = match result {
-        Ok(value) => {
-            let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;
-            // Tests only: a worker that vanishes after its effect (a no-op without the
-            // feature `testing`).
-            if let Some(lost) = faults::before_lease_completion(idem.faults()) {
-                return Err(Error::Database(lost));
+        Ok(value) => match delivery.complete(value, &codec).await? {
+            ControlFlow::Break(outcome) => return Ok(outcome),
+            ControlFlow::Continue(refused) => {
+                (failure_text(&refused, texts), Err(Error::Database(refused)))
             }
-            // The effect has happened: a completion that a lost connection or the pooler
-            // cut short is sent again while the lease is this worker's (at most three
-            // times), rather than leaving the key to run again once the lease expires.
-            let mut resent = 0;
-            let completed = loop {
-                let completed = async {
-                    let mut tx = idem.bounded_transaction().await?;
-                    let completed = statements
-                        .complete_lease(&mut tx, scope, uuid, token, stored.as_ref())
-                        .await?;
-                    tx.commit().await?;
-                    Ok::<_, sqlx::Error>(completed)
+        },
+        Err(error) => (failure_text(&error, texts), Ok(error)),
+    };
+    delivery.record_failure(text, failure).await
+}
+
+/// One lease-mode delivery of a key: what its steps share.
+struct LeaseDelivery<'a> {
+    idem: &'a Idem,
+    spec: &'a HandlerSpec,
+    key: IdempotencyKey,
+    fingerprint: Option<&'a [u8]>,
+    /// This claim's owner token.
+    token: Uuid,
+    max_attempts: u32,
+}
+
+impl LeaseDelivery<'_> {
+    /// A duplicate, a parked key or a live lease, answered from the Redis cache or by a
+    /// plain read of the key's row (no lock); `Continue`: the claim decides.
+    async fn decide_without_claim<T, E, C: ResultCodec<T>>(
+        &self,
+        codec: &C,
+    ) -> Result<ControlFlow<Outcome<T>>, Error<E>> {
+        let (idem, spec, key) = (self.idem, self.spec, self.key);
+        // A key cached as succeeded is a duplicate without a word to PostgreSQL.
+        if let Some(duplicate) = idem
+            .cached(spec.cache, spec.scope, key, self.fingerprint, codec)
+            .await
+        {
+            return Ok(ControlFlow::Break(duplicate));
+        }
+        let mut conn = idem.pool().acquire().await?;
+        let existing = idem
+            .statements()
+            .settled_lease(&mut conn, spec.scope, key.as_uuid())
+            .await?;
+        drop(conn);
+        match existing {
+            Some(existing) => settled(idem, spec, key, self.fingerprint, existing, codec)
+                .await
+                .map(ControlFlow::Break),
+            None => Ok(ControlFlow::Continue(())),
+        }
+    }
+
+    /// Claims the key under a lease, in a short transaction whose lock waits are
+    /// bounded: the attempt this claim counts, or the answer of the row in the way.
+    async fn claim<T, E, C: ResultCodec<T>>(
+        &self,
+        codec: &C,
+    ) -> Result<ControlFlow<Outcome<T>, u32>, Error<E>> {
+        let (idem, spec, key) = (self.idem, self.spec, self.key);
+        let claiming = Timer::start();
+        let mut tx = idem.bounded_transaction().await?;
+        let claimed = idem
+            .statements()
+            .claim_lease(
+                &mut tx,
+                spec.scope,
+                key.as_uuid(),
+                self.fingerprint,
+                self.token,
+                spec.lease_or_default(),
+                self.max_attempts,
+            )
+            .await;
+        claiming.claim(spec.scope, Mode::Lease);
+        match claimed {
+            Ok(LeaseClaim::Won { attempt }) => {
+                tx.commit().await?;
+                // Tests only: a worker that vanishes holding the lease (a no-op without the
+                // feature `testing`).
+                if let Some(lost) = faults::after_lease_claim(idem.faults()) {
+                    return Err(Error::Database(lost));
                 }
+                Ok(ControlFlow::Continue(attempt))
+            }
+            Ok(LeaseClaim::Existing(existing)) => {
+                tx.commit().await?;
+                settled(idem, spec, key, self.fingerprint, existing, codec)
+                    .await
+                    .map(ControlFlow::Break)
+            }
+            Err(error) if transactional::is_lock_timeout(&error) => Err(Error::InProgress { key }),
+            Err(error) => Err(Error::Database(error)),
+        }
+    }
+
+    /// Records the body's `value` as the key's `success` while the lease is this
+    /// worker's. `Continue`: the server refused the completion, which counts as a failed
+    /// attempt, so that an effect whose completion can never be recorded is repeated at
+    /// most `max_attempts` times, then parked.
+    async fn complete<T, E, C: ResultCodec<T>>(
+        &self,
+        value: T,
+        codec: &C,
+    ) -> Result<ControlFlow<Outcome<T>, sqlx::Error>, Error<E>> {
+        let (idem, spec, key) = (self.idem, self.spec, self.key);
+        let stored = codec.encode(&value).map_err(Error::ResultEncoding)?;
+        // Tests only: a worker that vanishes after its effect (a no-op without the
+        // feature `testing`).
+        if let Some(lost) = faults::before_lease_completion(idem.faults()) {
+            return Err(Error::Database(lost));
+        }
+        match self.send_completion(stored.as_ref()).await {
+            Ok(true) => {
+                idem.cache_success(
+                    spec.cache,
+                    spec.scope,
+                    key,
+                    self.fingerprint,
+                    stored.as_ref(),
+                )
                 .await;
-                match completed {
-                    Err(error) if resent < 3 && !transactional::counts_as_attempt(&error) => {
-                        resent += 1;
-                        tracing::debug!(%key, scope, %error, "the lease's completion failed for a reason that is not the message's; sending it again");
-                        tokio::time::sleep(Duration::from_millis(20 << resent)).await;
-                    }
-                    completed => break completed,
-                }
-            };
+                Ok(ControlFlow::Break(Outcome::Executed(value)))
+            }
+            Ok(false) => {
+                tracing::warn!(%key, scope = spec.scope, "lease lost before completion; the outcome was not recorded");
+                Err(Error::LeaseLost { key })
+            }
+            // A lost connection or a pooler's error is not the message's: the lease stays
+            // until it expires.
+            Err(error) if transactional::counts_as_attempt(&error) => {
+                Ok(ControlFlow::Continue(error))
+            }
+            Err(error) => Err(Error::Database(error)),
+        }
+    }
+
+    /// Sends the completion: whether the lease was still this worker's. The effect has
+    /// happened: a completion that a lost connection or the pooler cut short is sent again
+    /// while the lease is this worker's (at most three times), rather than leaving the key
+    /// to run again once the lease expires.
+    async fn send_completion(
+        &self,
+        stored: Option<&serde_json::Value>,
+    ) -> Result<bool, sqlx::Error> {
+        let (idem, scope, key) = (self.idem, self.spec.scope, self.key);
+        let mut resent = 0;
+        loop {
+            let completed = async {
+                let mut tx = idem.bounded_transaction().await?;
+                let completed = idem
+                    .statements()
+                    .complete_lease(&mut tx, scope, key.as_uuid(), self.token, stored)
+                    .await?;
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(completed)
+            }
+            .await;
             match completed {
-                Ok(true) => {
-                    idem.cache_success(cache_policy, scope, key, fingerprint, stored.as_ref())
-                        .await;
-                    return Ok(Outcome::Executed(value));
+                Err(error) if resent < 3 && !transactional::counts_as_attempt(&error) => {
+                    resent += 1;
+                    tracing::debug!(%key, scope, %error, "the lease's completion failed for a reason that is not the message's; sending it again");
+                    tokio::time::sleep(Duration::from_millis(20 << resent)).await;
                 }
-                Ok(false) => {
-                    tracing::warn!(%key, scope, "lease lost before completion; the outcome was not recorded");
-                    return Err(Error::LeaseLost { key });
-                }
-                // Refused by the server: count it as a failed attempt, so that an effect
-                // whose completion can never be recorded is repeated at most
-                // `max_attempts` times, then parked. A lost connection or a pooler's error
-                // is not the message's: the lease stays until it expires.
-                Err(error) if transactional::counts_as_attempt(&error) => (
-                    failure_text(&error, idem.config().error_texts()),
-                    Err(Error::Database(error)),
-                ),
-                Err(error) => return Err(Error::Database(error)),
+                completed => return completed,
             }
         }
-        Err(error) => (failure_text(&error, idem.config().error_texts()), Ok(error)),
-    };
-    // A body's failure that is the connection's, the pooler's or the server's (see
-    // `transactional::counts_as_attempt`) gives the lease back without the attempt.
-    let infrastructure =
-        matches!(&failure, Ok(error) if !transactional::counts_as_attempt_of(error.as_std_error()));
-    let mut tx = idem.bounded_transaction().await?;
-    let recorded = if infrastructure {
-        statements
-            .release_lease(&mut tx, scope, uuid, token, &text)
-            .await?
-            .map(|(attempts, _)| (attempts, false))
-    } else {
-        statements
-            .fail_lease(&mut tx, scope, uuid, token, &text, max_attempts)
-            .await?
-    };
-    tx.commit().await?;
-    match (recorded, failure) {
-        (Some((attempts, parked)), Ok(source)) => Err(Error::Handler {
-            source,
-            attempts,
-            parked,
-        }),
-        (Some((attempts, true)), Err(_)) => Err(Error::Parked {
-            key,
-            attempts,
-            last_error: text,
-        }),
-        (Some(_), Err(error)) => Err(error),
-        (None, _) => {
-            tracing::warn!(%key, scope, error = %text, "lease lost before the failure was recorded");
-            Err(Error::LeaseLost { key })
+    }
+
+    /// Records a failure with `text` while the lease is this worker's: the body's error
+    /// (`Ok`), or a completion the server refused (`Err`). A body's failure that is the
+    /// connection's, the pooler's or the server's (see
+    /// `transactional::counts_as_attempt`) gives the lease back without the attempt.
+    async fn record_failure<T, E: HandlerError>(
+        &self,
+        text: String,
+        failure: Result<E, Error<E>>,
+    ) -> Result<Outcome<T>, Error<E>> {
+        let (idem, scope, key) = (self.idem, self.spec.scope, self.key);
+        let statements = idem.statements();
+        let infrastructure = matches!(&failure, Ok(error) if !transactional::counts_as_attempt_of(error.as_std_error()));
+        let mut tx = idem.bounded_transaction().await?;
+        let recorded = if infrastructure {
+            statements
+                .release_lease(&mut tx, scope, key.as_uuid(), self.token, &text)
+                .await?
+                .map(|(attempts, _)| (attempts, false))
+        } else {
+            statements
+                .fail_lease(
+                    &mut tx,
+                    scope,
+                    key.as_uuid(),
+                    self.token,
+                    &text,
+                    self.max_attempts,
+                )
+                .await?
+        };
+        tx.commit().await?;
+        match (recorded, failure) {
+            (Some((attempts, parked)), Ok(source)) => Err(Error::Handler {
+                source,
+                attempts,
+                parked,
+            }),
+            (Some((attempts, true)), Err(_)) => Err(Error::Parked {
+                key,
+                attempts,
+                last_error: text,
+            }),
+            (Some(_), Err(error)) => Err(error),
+            (None, _) => {
+                tracing::warn!(%key, scope, error = %text, "lease lost before the failure was recorded");
+                Err(Error::LeaseLost { key })
+            }
         }
     }
 }

@@ -1,0 +1,250 @@
+//! The batch transaction: the claim, the body's work and the commit, and the one-by-one
+//! pass over the claimed messages when it rolls back.
+
+use std::future::Future;
+
+use super::claim::{Claim, claim};
+use super::plan::{Derived, Indexed};
+use crate::Idem;
+use crate::faults;
+use crate::handler::{HandlerSpec, ResultCodec};
+use crate::key_transaction::KeyTransaction;
+use crate::outcome::{Error, HandlerError, Outcome};
+use crate::telemetry::{Mode, Timer};
+use crate::transactional;
+
+/// The outcome of the batch transaction.
+pub(super) enum Pass<T, E> {
+    /// Committed (or nothing to commit): the outcomes of the messages it decided.
+    Committed(Vec<Indexed<T, E>>),
+    /// Rolled back: the messages in `retry` go one by one; `decided` stand.
+    OneByOne {
+        retry: Vec<usize>,
+        decided: Vec<Indexed<T, E>>,
+        reason: Fallback,
+    },
+}
+
+/// Claims the keys of the messages `to_claim` and, if any is owned, hands the open
+/// transaction and the owned messages (in message order) to `work`, which runs the body
+/// and commits. With nothing owned, the transaction is dropped without a write.
+pub(super) async fn batch_pass<T, E, C, W, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    to_claim: &[usize],
+    keyed: &impl Fn(usize) -> Derived,
+    codec: &C,
+    work: W,
+) -> Pass<T, E>
+where
+    C: ResultCodec<T>,
+    W: FnOnce(KeyTransaction, i64, Vec<usize>) -> Fut,
+    Fut: Future<Output = Result<Vec<Indexed<T, E>>, Fallback>>,
+{
+    let claiming = Timer::start();
+    let claimed = claim(idem, spec, to_claim, keyed, codec).await;
+    claiming.claim(spec.scope, Mode::Batch);
+    match claimed {
+        Ok(None) => Pass::Committed(Vec::new()),
+        Ok(Some(Claim {
+            tx, owned, decided, ..
+        })) if owned.is_empty() => {
+            // Read-only: dropping the transaction rolls it back before its connection is
+            // reused.
+            drop(tx);
+            Pass::Committed(decided)
+        }
+        Ok(Some(Claim {
+            tx,
+            xid,
+            owned,
+            decided,
+        })) => match work(tx, xid.unwrap_or_default(), owned.clone()).await {
+            Ok(executed) => {
+                let mut outcomes = decided;
+                outcomes.extend(executed);
+                Pass::Committed(outcomes)
+            }
+            Err(reason) => Pass::OneByOne {
+                retry: owned,
+                decided,
+                reason,
+            },
+        },
+        Err(reason) => Pass::OneByOne {
+            retry: to_claim.to_vec(),
+            decided: Vec::new(),
+            reason,
+        },
+    }
+}
+
+/// The outcomes of the messages the batch pass handled: as committed, or, when the batch
+/// rolled back, each message in `retry` run on its own by [`transactional::run`], its body
+/// given by `one` (the transaction and the message's index).
+pub(super) async fn settle<T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    pass: Pass<T, E>,
+    keyed: &impl Fn(usize) -> Derived,
+    codec: C,
+    mut one: F,
+) -> Vec<Indexed<T, E>>
+where
+    C: ResultCodec<T> + Copy,
+    E: HandlerError,
+    F: FnMut(KeyTransaction, usize) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
+{
+    let (retry, mut decided, reason) = match pass {
+        Pass::Committed(outcomes) => return outcomes,
+        Pass::OneByOne {
+            retry,
+            decided,
+            reason,
+        } => (retry, decided, reason),
+    };
+    if let Fallback::TransactionEnded { xid } = reason {
+        tracing::warn!(
+            scope = spec.scope,
+            messages = retry.len(),
+            "{reason}; its keys are parked"
+        );
+        for index in retry {
+            let (key, fingerprint) = keyed(index);
+            let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);
+            transactional::park_ended(idem, spec, &[(key, fingerprint)], xid).await;
+            decided.push((index, Err(Error::TransactionEnded { key })));
+        }
+        return decided;
+    }
+    tracing::debug!(
+        scope = spec.scope,
+        messages = retry.len(),
+        reason = %reason,
+        "batch rolled back; processing its messages one by one"
+    );
+    for index in retry {
+        let (key, fingerprint) = keyed(index);
+        let outcome =
+            transactional::run_checked(idem, spec, Mode::Batch, key, fingerprint, codec, |tx| {
+                one(tx, index)
+            })
+            .await;
+        decided.push((index, outcome));
+    }
+    decided
+}
+
+/// Why the batch transaction was abandoned for per-message processing.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Fallback {
+    #[error("a handler failed")]
+    HandlerFailed,
+    /// A body ended the batch transaction itself: what followed it may have been
+    /// committed outside the transaction, so no message of the batch runs again.
+    #[error("a body ended the batch transaction (COMMIT or ROLLBACK in the body)")]
+    TransactionEnded { xid: i64 },
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Commits the batch transaction `xid`, with the check of
+/// [`Statements::commit`](crate::store::Statements::commit) in the same round trip.
+pub(super) async fn commit(idem: &Idem, tx: KeyTransaction, xid: i64) -> Result<(), Fallback> {
+    // Tests only: a connection lost before the batch's commit (a no-op without the
+    // feature `testing`).
+    if let Some(lost) = faults::before_commit(idem.faults()) {
+        let _ = tx.rollback().await;
+        return Err(Fallback::Database(lost));
+    }
+    match tx.commit(idem.statements().commit_only()).await {
+        Ok(()) => Ok(()),
+        Err(error) if transactional::ended_by_body(&error) => {
+            Err(Fallback::TransactionEnded { xid })
+        }
+        Err(error) => Err(Fallback::Database(error)),
+    }
+}
+
+/// [`run`]'s work in the batch transaction: the body for each owned message, in order,
+/// one statement storing the results, the commit.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_each<'m, M, T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    mut tx: KeyTransaction,
+    xid: i64,
+    messages: &'m [M],
+    owned: Vec<usize>,
+    keyed: &impl Fn(usize) -> Derived,
+    codec: C,
+    body: &mut F,
+) -> Result<Vec<Indexed<T, E>>, Fallback>
+where
+    C: ResultCodec<T>,
+    F: FnMut(KeyTransaction, &'m M) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
+{
+    let mut stored_keys = Vec::new();
+    let mut stored_results = Vec::new();
+    let mut values = Vec::with_capacity(owned.len());
+    for index in owned {
+        let (returned, result) = body(tx, &messages[index]).await;
+        tx = returned;
+        let Ok(value) = result else {
+            return Err(Fallback::HandlerFailed);
+        };
+        // An unencodable result fails this message alone, in the per-message pass.
+        let Ok(stored) = codec.encode(&value) else {
+            return Err(Fallback::HandlerFailed);
+        };
+        if let Some(stored) = stored {
+            stored_keys.push(keyed(index).0.as_uuid());
+            stored_results.push(stored);
+        }
+        values.push((index, value));
+    }
+    if !stored_keys.is_empty() {
+        idem.statements()
+            .store_batch_results(&mut tx, spec.scope, &stored_keys, &stored_results)
+            .await?;
+    }
+    // A body that swallowed a failed statement left the transaction aborted, or ended it
+    // itself: the check fails then, where a bare COMMIT would lose the claims silently.
+    commit(idem, tx, xid).await?;
+    Ok(values
+        .into_iter()
+        .map(|(index, value)| (index, Ok(Outcome::Executed(value))))
+        .collect())
+}
+
+/// [`run_bulk`]'s work in the batch transaction: the body once with all owned messages,
+/// in order, then the commit.
+pub(super) async fn run_once<'m, M, E, F, Fut>(
+    idem: &Idem,
+    scope: &str,
+    tx: KeyTransaction,
+    xid: i64,
+    messages: &'m [M],
+    owned: Vec<usize>,
+    body: &mut F,
+) -> Result<Vec<Indexed<(), E>>, Fallback>
+where
+    F: FnMut(KeyTransaction, Vec<&'m M>) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<(), E>)>,
+{
+    let slice = owned.iter().map(|&index| &messages[index]).collect();
+    let running = Timer::start();
+    let (tx, result) = body(tx, slice).await;
+    running.handler(scope, Mode::Batch);
+    if result.is_err() {
+        return Err(Fallback::HandlerFailed);
+    }
+    // As in `run_each`: an aborted or ended transaction fails the check.
+    commit(idem, tx, xid).await?;
+    Ok(owned
+        .into_iter()
+        .map(|index| (index, Ok(Outcome::Executed(()))))
+        .collect())
+}

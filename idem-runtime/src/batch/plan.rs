@@ -1,0 +1,188 @@
+//! The plan of a batch: each message's key, the duplicates inside the batch, the keys
+//! another delivery of the process holds, and every message's outcome in the end.
+
+use std::collections::HashMap;
+
+use super::BatchOutcomes;
+use crate::Idem;
+use crate::handler::ResultCodec;
+use crate::inflight::KeyTurn;
+use crate::key::{IdempotencyKey, KeyError};
+use crate::outcome::{Error, Outcome};
+use crate::scope;
+
+/// A message's key and payload fingerprint, as the handler derives them.
+pub(super) type Derived = (IdempotencyKey, Option<[u8; 32]>);
+
+/// One message's outcome, with its index in the batch.
+pub(super) type Indexed<T, E> = (usize, Result<Outcome<T>, Error<E>>);
+
+/// What happens to one message of the batch.
+enum Plan {
+    /// Decided before the batch transaction (key error, payload mismatch inside the batch).
+    Done,
+    /// A duplicate of the message at this earlier index of the batch.
+    SameAs(usize),
+    /// Claimed, or to be decided by the claim.
+    Claim,
+}
+
+/// The messages of a batch with their keys, and the outcomes decided so far.
+pub(super) struct Planned<T, E> {
+    outcomes: Vec<Option<Result<Outcome<T>, Error<E>>>>,
+    derived: Vec<Option<Derived>>,
+    plans: Vec<Plan>,
+}
+
+/// Every message refused for the same reason (the handler's scope is not its own).
+pub(super) fn refuse_all<M, T, E>(messages: &[M], error: scope::Error) -> BatchOutcomes<T, E> {
+    match error {
+        scope::Error::Conflict(conflict) => messages
+            .iter()
+            .map(|_| Err(Error::ScopeConflict(conflict.clone())))
+            .collect(),
+        scope::Error::Database(error) => {
+            let text = error.to_string();
+            messages
+                .iter()
+                .map(|_| Err(Error::Database(sqlx::Error::Protocol(text.clone()))))
+                .collect()
+        }
+    }
+}
+
+impl<T, E> Planned<T, E> {
+    /// Derives every message's key; decides key errors and duplicates inside the batch.
+    pub(super) fn new<'m, M>(
+        messages: &'m [M],
+        mut derive: impl FnMut(&'m M) -> Result<Derived, KeyError>,
+    ) -> Self {
+        let mut planned = Planned {
+            outcomes: messages.iter().map(|_| None).collect(),
+            derived: Vec::with_capacity(messages.len()),
+            plans: Vec::with_capacity(messages.len()),
+        };
+        let mut first_of_key: HashMap<IdempotencyKey, usize> = HashMap::new();
+        for (index, message) in messages.iter().enumerate() {
+            match derive(message) {
+                Err(error) => {
+                    planned.outcomes[index] = Some(Err(Error::Key(error)));
+                    planned.derived.push(None);
+                    planned.plans.push(Plan::Done);
+                }
+                Ok((key, fingerprint)) => {
+                    match first_of_key.get(&key) {
+                        Some(&first) => {
+                            let same_payload = match (&planned.derived[first], fingerprint) {
+                                (Some((_, Some(theirs))), Some(ours)) => *theirs == ours,
+                                _ => true,
+                            };
+                            if same_payload {
+                                planned.plans.push(Plan::SameAs(first));
+                            } else {
+                                planned.outcomes[index] = Some(Err(Error::PayloadMismatch { key }));
+                                planned.plans.push(Plan::Done);
+                            }
+                        }
+                        None => {
+                            first_of_key.insert(key, index);
+                            planned.plans.push(Plan::Claim);
+                        }
+                    }
+                    planned.derived.push(Some((key, fingerprint)));
+                }
+            }
+        }
+        planned
+    }
+
+    /// The messages whose keys the batch claims, in message order. A key that another
+    /// delivery of this process is working on is not waited for: its message gets
+    /// [`Error::InProgress`] and the rest of the batch goes on. The turns taken end when
+    /// the batch transaction does (before a one-by-one pass, which takes them again).
+    pub(super) fn take_turns<'i>(
+        &mut self,
+        idem: &'i Idem,
+        scope: &'static str,
+    ) -> (Vec<usize>, Vec<KeyTurn<'i>>) {
+        let mut to_claim = Vec::with_capacity(self.plans.len());
+        let mut turns = Vec::with_capacity(self.plans.len());
+        for index in 0..self.plans.len() {
+            if !matches!(self.plans[index], Plan::Claim) {
+                continue;
+            }
+            let (key, _) = self.keyed(index);
+            if let Some(turn) = idem.in_flight().try_take(scope, key.as_uuid()) {
+                to_claim.push(index);
+                turns.push(turn);
+            } else {
+                self.outcomes[index] = Some(Err(Error::InProgress { key }));
+                self.plans[index] = Plan::Done;
+            }
+        }
+        (to_claim, turns)
+    }
+
+    /// The key and fingerprint of a message that has a key.
+    pub(super) fn keyed(&self, index: usize) -> Derived {
+        self.derived[index].expect("claimed messages have keys")
+    }
+
+    pub(super) fn decide(&mut self, decided: impl IntoIterator<Item = Indexed<T, E>>) {
+        for (index, outcome) in decided {
+            self.outcomes[index] = Some(outcome);
+        }
+    }
+
+    /// Every message's outcome, in order: duplicates inside the batch share the outcome
+    /// of the first message with their key.
+    pub(super) fn finish<C: ResultCodec<T>>(mut self, codec: &C) -> BatchOutcomes<T, E> {
+        for index in 0..self.plans.len() {
+            if let Plan::SameAs(first) = self.plans[index] {
+                let (key, _) = self.keyed(index);
+                self.outcomes[index] = Some(match &self.outcomes[first] {
+                    Some(Ok(Outcome::Executed(value) | Outcome::Duplicate(Some(value)))) => {
+                        replay(codec, key, value)
+                    }
+                    Some(Ok(Outcome::Duplicate(None))) | None => Ok(Outcome::Duplicate(None)),
+                    Some(Err(error)) => Err(same_error(error, key)),
+                });
+            }
+        }
+        self.outcomes
+            .into_iter()
+            .map(|outcome| outcome.expect("every message has an outcome"))
+            .collect()
+    }
+}
+
+/// A duplicate's copy of a value, through the codec (as a duplicate from the table gets it).
+pub(super) fn replay<T, E, C: ResultCodec<T>>(
+    codec: &C,
+    key: IdempotencyKey,
+    value: &T,
+) -> Result<Outcome<T>, Error<E>> {
+    let stored = codec.encode(value).map_err(Error::ResultEncoding)?;
+    codec
+        .decode(stored)
+        .map(Outcome::Duplicate)
+        .map_err(|source| Error::StoredResult { key, source })
+}
+
+/// What a duplicate inside the batch is told when the first message with its key failed.
+pub(super) fn same_error<E>(error: &Error<E>, key: IdempotencyKey) -> Error<E> {
+    match error {
+        Error::Parked {
+            attempts,
+            last_error,
+            ..
+        } => Error::Parked {
+            key,
+            attempts: *attempts,
+            last_error: last_error.clone(),
+        },
+        Error::PayloadMismatch { .. } => Error::PayloadMismatch { key },
+        // The first delivery failed or is in progress: this one may be retried later.
+        _ => Error::InProgress { key },
+    }
+}
