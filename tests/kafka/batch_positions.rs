@@ -6,7 +6,7 @@
 use chrono::Utc;
 use idem_demo::kafka;
 use idem_demo::kafka::handlers::{
-    self, apply_order_event, apply_order_event_at_offsets_batch, key_and_fingerprint,
+    self, apply_order_event, apply_order_event_at_offsets_batch, apply_order_event_at_offsets_key,
 };
 use idem_demo::kafka::producer::event_key;
 use idem_demo::orders::{EventType, OrderEvent};
@@ -33,9 +33,9 @@ fn offsets_of(idem: &Idem, topic: &str, batch: &[(i32, i64, OrderEvent)]) -> Bat
         .map(|(partition, offset, _)| Position::new(&schema, GROUP, topic, *partition, offset + 1))
         .collect();
     let keys = batch.iter().map(|(_, _, event)| {
-        key_and_fingerprint(event)
+        apply_order_event_at_offsets_key(event)
             .ok()
-            .map(|(key, fingerprint)| (key, Some(fingerprint)))
+            .map(|key| (key.key(), key.fingerprint()))
     });
     BatchPositions::new(idem, handlers::SCOPE, &positions, keys)
 }

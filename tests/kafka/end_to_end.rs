@@ -120,14 +120,14 @@ async fn scenario(harness: Harness, offsets: OffsetStore, batch_size: usize) {
     assert_eq!(verification.facts, EVENTS as i64);
 
     // The status table: one success per fact, one parked key per refused event.
-    // The key and fingerprint derived outside the macro (for the batch positions) are the
-    // ones the handlers recorded: every fact's key is done with its own payload.
+    // The key and fingerprint of the generated key function (the batch positions' keys)
+    // are the ones the handlers recorded: every fact's key is done with its own payload.
     let keys: Vec<_> = plan
         .events
         .iter()
         .map(|event| {
-            let (key, fingerprint) = handlers::key_and_fingerprint(event).unwrap();
-            (key, Some(fingerprint))
+            let key = handlers::apply_order_event_key(event).unwrap();
+            (key.key(), key.fingerprint())
         })
         .collect();
     let mut conn = harness.pool.acquire().await.unwrap();
@@ -146,8 +146,8 @@ async fn scenario(harness: Harness, offsets: OffsetStore, batch_size: usize) {
     {
         let event: idem_demo::orders::OrderEvent =
             serde_json::from_slice(&malformed.payload).unwrap();
-        let (key, _) = handlers::key_and_fingerprint(&event).unwrap();
-        let record = harness.idem.record(handlers::SCOPE, key).await.unwrap();
+        let key = handlers::apply_order_event_key(&event).unwrap();
+        let record = harness.idem.record(key.scope(), key.key()).await.unwrap();
         assert_eq!(record.map(|r| r.status), Some(Status::Parked));
     }
 

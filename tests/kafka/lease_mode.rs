@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::support::{Harness, total, wait_until};
-use idem_demo::kafka::handlers::key_and_fingerprint;
 use idem_demo::kafka::notifications::{self, Crash, LEASE, NotificationService, ServiceSettings};
 use idem_demo::kafka::producer::{Plan, PlanConfig};
 use idem_demo::kafka::verify;
@@ -130,7 +129,7 @@ async fn every_paid_event_is_notified_once_despite_duplicates_and_a_crash_mid_ef
     let expected: BTreeMap<Uuid, (String, i64)> = paid
         .iter()
         .map(|event| {
-            let (key, _) = key_and_fingerprint(event).unwrap();
+            let key = notifications::notify_payment_key(event).unwrap().key();
             (key.as_uuid(), (event.order_id.clone(), event.amount_cents))
         })
         .collect();
@@ -160,10 +159,10 @@ async fn every_paid_event_is_notified_once_despite_duplicates_and_a_crash_mid_ef
     // claim (the expired lease counted as an attempt).
     let mut attempts = BTreeMap::new();
     for event in &paid {
-        let (key, _) = key_and_fingerprint(event).unwrap();
+        let key = notifications::notify_payment_key(event).unwrap();
         let record = harness
             .idem
-            .record(notifications::SCOPE, key)
+            .record(key.scope(), key.key())
             .await
             .unwrap()
             .expect("every paid fact has a key");

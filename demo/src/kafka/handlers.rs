@@ -8,8 +8,7 @@
 //! [`idem_kafka::Handler`]): decode it, and call the handler that fits the offset store
 //! and the path.
 
-use idem_runtime::key::KeyBuilder;
-use idem_runtime::{Idem, IdempotencyKey, KeyError, idempotent};
+use idem_runtime::{Idem, idempotent};
 use sqlx::PgConnection;
 
 use crate::orders::{EventType, OrderEvent};
@@ -126,20 +125,6 @@ pub async fn apply_order_event_at_offsets(
     result
 }
 
-/// The key and payload fingerprint that the handlers above derive from `event` (their
-/// `key` and `fingerprint` arguments), for [`BatchPositions`].
-pub fn key_and_fingerprint(event: &OrderEvent) -> Result<(IdempotencyKey, [u8; 32]), KeyError> {
-    let key = KeyBuilder::new()
-        .part("event_key", &event.event_key)?
-        .finish();
-    let fingerprint = KeyBuilder::new()
-        .part("order_id", &event.order_id)?
-        .part("event_type", &event.event_type)?
-        .part("amount_cents", &event.amount_cents)?
-        .digest();
-    Ok((key, fingerprint))
-}
-
 /// The order consumer's handling of a message: a JSON [`OrderEvent`], applied by
 /// [`apply_order_event`] (offsets in Kafka) or [`apply_order_event_at`] (offsets in
 /// PostgreSQL), or by their batch variants on the batch path.
@@ -173,10 +158,11 @@ impl Handler for OrderEvents {
         let outcomes = match positions {
             None => apply_order_event_batch(idem, events).await,
             Some(positions) => {
+                // The keys the batch handler derives, from its generated key function.
                 let keys = events.iter().map(|event| {
-                    key_and_fingerprint(event)
+                    apply_order_event_at_offsets_key(event)
                         .ok()
-                        .map(|(key, fingerprint)| (key, Some(fingerprint)))
+                        .map(|key| (key.key(), key.fingerprint()))
                 });
                 let offsets = BatchPositions::new(idem, SCOPE, positions, keys);
                 apply_order_event_at_offsets_batch(idem, events, &offsets).await
