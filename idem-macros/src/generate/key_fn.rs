@@ -14,7 +14,12 @@ use super::signature::unreferenced;
 
 /// The key function of the handler.
 pub(super) fn expand(x: &Expansion<'_>) -> TokenStream {
-    let ItemFn { vis, sig, .. } = x.item;
+    let ItemFn {
+        attrs, vis, sig, ..
+    } = x.item;
+    // The handler's own `#[cfg]`s (those written after the attribute): the function
+    // exists where the handler does.
+    let cfgs = attrs.iter().filter(|attr| attr.path().is_ident("cfg"));
     let private = &x.private;
     let message = &x.handler.message;
     // One message: the element of a batch handler's slice, or the message parameter's
@@ -49,6 +54,7 @@ pub(super) fn expand(x: &Expansion<'_>) -> TokenStream {
     let (scope, identifies) = (&x.spec.scope, &x.key.identifies);
     let (key, fingerprint) = (&x.key.key, &x.key.fingerprint);
     quote! {
+        #(#cfgs)*
         #[doc = #doc]
         #[allow(dead_code)]
         #vis fn #name #impl_generics (#param)

@@ -85,6 +85,14 @@ async fn wrapped<T: Sync>(tx: &mut PgConnection, event: &Tagged<T>) -> Result<()
     Ok(())
 }
 
+/// A `#[cfg]` after the attribute applies to the key function too: `Gone` does not exist.
+#[idempotent(key = "order_id", scope = "gone")]
+#[cfg(any())]
+async fn gone(tx: &mut PgConnection, event: &Gone) -> Result<(), sqlx::Error> {
+    let _ = (tx, event);
+    Ok(())
+}
+
 struct Payments;
 
 impl Payments {
