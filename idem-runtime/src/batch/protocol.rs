@@ -69,8 +69,8 @@ where
 /// receives the open transaction and the claimed messages, in message order (never
 /// none), and hands the transaction back with its result, `Result<(), E>`. Returns one
 /// outcome per message, in order (a [`BatchOutcomes<(), E>`](BatchOutcomes)):
-/// [`Outcome::Executed`] for the messages the body received,
-/// [`Outcome::Duplicate(None)`](Outcome::Duplicate) for those already processed (nothing
+/// [`Outcome::Executed`](crate::Outcome::Executed) for the messages the body received,
+/// [`Outcome::Duplicate(None)`](crate::Outcome::Duplicate) for those already processed (nothing
 /// is stored for replay).
 ///
 /// When the body fails, the batch rolls back and each claimed message is processed on

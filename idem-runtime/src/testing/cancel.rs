@@ -118,14 +118,7 @@ where
                 "assert_survives_drops: delivery {n} ran to its end; effects: {before} before, \
                  {after_drop} after"
             );
-            match &delivered {
-                Ok(Outcome::Executed(_)) => assert!(
-                    after_drop == before + 1,
-                    "{context}: it returned {:?}; expected exactly one more effect",
-                    Brief(&delivered)
-                ),
-                _ => panic!("{context}: expected Executed, got {:?}", Brief(&delivered)),
-            }
+            assert_executed_once(&context, &delivered, before, after_drop);
             assert_all_succeeded(idem, &keys, &context).await;
             return drops;
         }
@@ -135,17 +128,7 @@ where
             "{context}: the effects went from {before} to {after_drop}"
         );
 
-        // A dropped lease-mode delivery holds its lease until it expires; nothing else
-        // may be left.
-        for key in KeySnapshot::take(idem).await.touched_since(&keys) {
-            match key.status {
-                Status::Processing => wait_until_lease_settles(idem, &key.scope, key.key).await,
-                Status::Success => {}
-                Status::Failed | Status::Parked => {
-                    panic!("{context}: the dropped delivery left the key {key}")
-                }
-            }
-        }
+        wait_for_dropped_leases(idem, &keys, &context).await;
 
         let (settled, redeliveries) = until_settled(&context, || deliver(n)).await;
         let after = effects.count(pool).await;
@@ -170,6 +153,37 @@ where
         "assert_survives_drops: deliveries were still suspended after {MOST_SUSPENSIONS} \
          suspensions"
     )
+}
+
+/// Checks that a delivery that ran to its end returned `Executed` with one more effect.
+fn assert_executed_once<T: Debug, E: Debug>(
+    context: &str,
+    delivered: &Result<Outcome<T>, Error<E>>,
+    before: i64,
+    after: i64,
+) {
+    match delivered {
+        Ok(Outcome::Executed(_)) => assert!(
+            after == before + 1,
+            "{context}: it returned {:?}; expected exactly one more effect",
+            Brief(delivered)
+        ),
+        _ => panic!("{context}: expected Executed, got {:?}", Brief(delivered)),
+    }
+}
+
+/// A dropped lease-mode delivery holds its lease until it expires: waits for the leases of
+/// the keys written since `keys`; nothing else may be left (a `failed` or `parked` key).
+async fn wait_for_dropped_leases(idem: &Idem, keys: &KeySnapshot, context: &str) {
+    for key in KeySnapshot::take(idem).await.touched_since(keys) {
+        match key.status {
+            Status::Processing => wait_until_lease_settles(idem, &key.scope, key.key).await,
+            Status::Success => {}
+            Status::Failed | Status::Parked => {
+                panic!("{context}: the dropped delivery left the key {key}")
+            }
+        }
+    }
 }
 
 /// Polls `future` until it is done (its output), or until it was suspended `suspensions`

@@ -92,11 +92,71 @@ where
     let pool = idem.pool();
     let keys = KeySnapshot::take(idem).await;
     let before = effects.count(pool).await;
+    let (faulty, after_fault) =
+        faulty_delivery(idem, fault, effects, before, &context, &mut deliver).await;
 
+    // A worker that vanished holds its lease until it expires.
+    for key in KeySnapshot::take(idem).await.touched_since(&keys) {
+        if key.status == Status::Processing {
+            wait_until_lease_settles(idem, &key.scope, key.key).await;
+        }
+    }
+
+    let (settled, redeliveries) = until_settled(&context, &mut deliver).await;
+    let after = effects.count(pool).await;
+    let counts = format!(
+        "effects: {before} before, {after_fault} after the faulty delivery, {after} after \
+         {redeliveries} clean redeliveries"
+    );
+    let executed = applied_once(
+        &context,
+        &faulty,
+        &settled,
+        redeliveries,
+        before,
+        after,
+        &counts,
+    );
+    let committed_unseen = faulty.is_err() && settled.is_duplicate();
+    assert_all_succeeded(idem, &keys, &context).await;
+
+    let last = deliver().await;
+    let after_last = effects.count(pool).await;
+    let context = format!("{context}: the delivery after the clean one; {counts}");
+    assert_replays(&context, executed, &last);
+    assert!(
+        after_last == after,
+        "{context} changed the effects from {after} to {after_last}"
+    );
+    Survival {
+        fault,
+        faulty,
+        redeliveries,
+        committed_unseen,
+    }
+}
+
+/// The delivery with `fault` armed: checks that the fault fired and that the effects grew
+/// by at most one (exactly one if it returned `Executed`); returns what it returned and
+/// the effects after it.
+async fn faulty_delivery<T, E, F, Fut>(
+    idem: &Idem,
+    fault: Fault,
+    effects: &Effects,
+    before: i64,
+    context: &str,
+    deliver: &mut F,
+) -> (Result<Outcome<T>, Error<E>>, i64)
+where
+    T: Debug,
+    E: Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Outcome<T>, Error<E>>>,
+{
     let injection = inject(idem, fault);
     let faulty = deliver().await;
     let fired = injection.disarm();
-    let after_fault = effects.count(pool).await;
+    let after_fault = effects.count(idem.pool()).await;
     assert!(
         fired,
         "{context}: the fault never fired: the delivery returned {:?} without reaching \
@@ -119,21 +179,22 @@ where
             Brief(&faulty)
         ),
     }
+    (faulty, after_fault)
+}
 
-    // A worker that vanished holds its lease until it expires.
-    for key in KeySnapshot::take(idem).await.touched_since(&keys) {
-        if key.status == Status::Processing {
-            wait_until_lease_settles(idem, &key.scope, key.key).await;
-        }
-    }
-
-    let (settled, redeliveries) = until_settled(&context, &mut deliver).await;
-    let after = effects.count(pool).await;
-    let counts = format!(
-        "effects: {before} before, {after_fault} after the faulty delivery, {after} after \
-         {redeliveries} clean redeliveries"
-    );
-    let executed = match (&faulty, &settled) {
+/// Checks that the faulty delivery and the clean redelivery applied the effect exactly
+/// once between them, and that a redelivery after `Executed` replays its value; returns
+/// the executed value, if either returned one.
+fn applied_once<'a, T: Debug + PartialEq, E: Debug>(
+    context: &str,
+    faulty: &'a Result<Outcome<T>, Error<E>>,
+    settled: &'a Outcome<T>,
+    redeliveries: u32,
+    before: i64,
+    after: i64,
+    counts: &str,
+) -> Option<&'a T> {
+    let executed = match (faulty, settled) {
         (Ok(Outcome::Executed(first)), Outcome::Executed(again)) => panic!(
             "{context}: executed twice: the faulty delivery returned Executed({first:?}) and \
              clean redelivery {redeliveries} returned Executed({again:?}); {counts}"
@@ -146,32 +207,16 @@ where
         after == before + 1,
         "{context}: expected exactly one more effect in the end, after the faulty delivery \
          returned {:?} and the clean redelivery {:?}; {counts}{}",
-        Brief(&faulty),
-        Brief(&settled),
+        Brief(faulty),
+        Brief(settled),
         super::assertions::missing_effect_hint(before, after)
     );
-    let committed_unseen = faulty.is_err() && settled.is_duplicate();
-    if let (Ok(Outcome::Executed(value)), Outcome::Duplicate(_)) = (&faulty, &settled) {
+    if let (Ok(Outcome::Executed(value)), Outcome::Duplicate(_)) = (faulty, settled) {
         assert_outcome_replays(
             &format!("{context}: the clean redelivery after Executed; {counts}"),
             Some(value),
-            &settled,
+            settled,
         );
     }
-    assert_all_succeeded(idem, &keys, &context).await;
-
-    let last = deliver().await;
-    let after_last = effects.count(pool).await;
-    let context = format!("{context}: the delivery after the clean one; {counts}");
-    assert_replays(&context, executed, &last);
-    assert!(
-        after_last == after,
-        "{context} changed the effects from {after} to {after_last}"
-    );
-    Survival {
-        fault,
-        faulty,
-        redeliveries,
-        committed_unseen,
-    }
+    executed
 }

@@ -1,0 +1,84 @@
+//! Operating the status table: the reads and changes an operator makes, as functions.
+//!
+//! The `idem` command line (crate `idem-cli`) is a thin shell over this module; a
+//! service's own admin endpoints can call it the same way. Every function takes the
+//! runtime handle of the status table ([`Idem`](crate::Idem)), whose schema it uses.
+//!
+//! - [`migration_status`] and [`ensure_migrated`]: whether the status table is there and
+//!   up to date;
+//! - [`show_key`], [`list_keys`]: rows of the status table, as [`KeyRow`];
+//! - [`retry_keys`]: `failed` and `parked` keys get a fresh count of attempts, and the
+//!   next delivery runs the body again (as [`Idem::reset`](crate::Idem::reset));
+//! - [`release_keys`]: `failed` and `parked` keys are deleted: the next delivery is a first
+//!   delivery, whatever its payload (the recorded fingerprint goes with the row);
+//! - [`stats`]: counts per scope and status, the oldest lease in progress, the table's size;
+//! - [`KeyField`] and [`key_from_fields`]: a key from field values as a producer gives
+//!   them, derived as `#[idempotent]` derives it.
+//!
+//! Purging old `success` keys is [`Idem::purge_with`](crate::Idem::purge_with) (see [`retention`](crate::retention)).
+
+use uuid::Uuid;
+
+use crate::key::KeyError;
+
+mod fields;
+mod keys;
+mod migrations;
+mod stats;
+
+pub use crate::store::KeyRow;
+pub use fields::{FieldValue, KeyField, key_from_fields};
+pub use keys::{
+    Change, Cursor, KeyFilter, list_keys, parse_status, release_keys, retry_keys, show_key,
+    status_text,
+};
+pub use migrations::{MigrationState, ensure_migrated, migration_status};
+pub use stats::{OldestLease, ScopeWindow, Stats, StatusCount, stats};
+
+/// Why an operator's request failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// The database refused or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The schema has no status table, or migrations are pending.
+    #[error(
+        "the status table in schema `{schema}` is not migrated ({pending} migration(s) pending): run `idem migrate` (or `Idem::migrate`) first, or give the right `--schema`"
+    )]
+    NotMigrated {
+        /// The configured schema.
+        schema: String,
+        /// Migrations not applied yet.
+        pending: usize,
+    },
+    /// No row for this key in this scope.
+    #[error("no key {key} in scope `{scope}`")]
+    UnknownKey {
+        /// The scope asked for.
+        scope: String,
+        /// The key asked for.
+        key: Uuid,
+    },
+    /// The key exists but its status does not allow the change.
+    #[error(
+        "key {key} in scope `{scope}` is `{status}`: only `failed` and `parked` keys can be retried or released"
+    )]
+    WrongStatus {
+        /// The key's scope.
+        scope: String,
+        /// The key.
+        key: Uuid,
+        /// Its status.
+        status: String,
+    },
+    /// A filter that cannot select what was asked.
+    #[error("invalid selection: {0}")]
+    InvalidSelection(String),
+    /// Key field values that do not make a key.
+    #[error("invalid key field: {0}")]
+    KeyField(String),
+    /// A key that cannot be derived from the fields.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+}
