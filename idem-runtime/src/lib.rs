@@ -200,7 +200,6 @@
 //!   duplicate of a succeeded key is answered from Redis without a query to PostgreSQL;
 //!   only committed successes are cached, and Redis being down or slow only sends
 //!   deliveries back to PostgreSQL: see [`cache`].
-
 //!
 //! # Semver
 //!
@@ -212,7 +211,8 @@
 //!   documented behaviour;
 //! - the arguments of `#[idempotent]` and `#[derive(KeyPart)]`, and the signatures of the
 //!   functions they generate (the handler taking `&Idem`, returning
-//!   [`Handled`]; `<handler>_batch` returning [`BatchOutcomes`](batch::BatchOutcomes));
+//!   [`Handled`]; `<handler>_batch` returning [`BatchOutcomes`](batch::BatchOutcomes);
+//!   `<handler>_key` returning [`HandlerKey`]);
 //! - the key encoding ([`key`]: a message keyed today gets the same key from every later
 //!   1.x), the status table's stored format and its migrations ([`MIGRATOR`]): a release
 //!   only adds migrations, which [`Idem::migrate`] applies, and reads what earlier
@@ -222,8 +222,8 @@
 //! Not covered: `idem_runtime::__private_v<version>`, the hidden module that generated
 //! code refers to (its name changes with every release, and idem-macros is pinned to the
 //! runtime's version, so generated code always meets its own); the text of error messages
-//! and logs; how the [`testing`] kit arranges its faults inside the runtime (the
-//! [`Fault`](testing::Fault)s and what they do to a delivery are covered). `redis`, with
+//! and logs; how the `testing` kit (feature `testing`) arranges its faults inside the
+//! runtime (its `Fault`s and what they do to a delivery are covered). `redis`, with
 //! the feature, is a public dependency: see [`cache::redis`](cache).
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
