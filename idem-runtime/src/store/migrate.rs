@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use sqlx::migrate::{MigrateError, Migrator};
+use sqlx::migrate::{MigrateError, Migration, Migrator};
 use sqlx::{Connection, Executor, PgConnection, PgPool, Row};
 
 use crate::config::Identifier;
@@ -84,6 +84,36 @@ async fn apply(
     schema: &Identifier,
     migrator: &Migrator,
 ) -> Result<(), MigrateError> {
+    prepare(conn, schema).await?;
+    let applied = applied(conn).await?;
+    let known = |version: i64| {
+        migrator
+            .iter()
+            .any(|m| m.version == version && !m.migration_type.is_down_migration())
+    };
+    if !migrator.ignore_missing
+        && let Some(&version) = applied.keys().filter(|&&v| !known(v)).min()
+    {
+        return Err(MigrateError::VersionMissing(version));
+    }
+    for migration in migrator.iter() {
+        if migration.migration_type.is_down_migration() {
+            continue;
+        }
+        match applied.get(&migration.version) {
+            Some(checksum) if checksum[..] != migration.checksum[..] => {
+                return Err(MigrateError::VersionMismatch(migration.version));
+            }
+            Some(_) => {}
+            None => run(conn, migration).await?,
+        }
+    }
+    Ok(())
+}
+
+/// Takes sqlx's migrator lock for the transaction, creates the schema and sqlx's
+/// bookkeeping table in it, and makes the schema the transaction's `search_path`.
+async fn prepare(conn: &mut PgConnection, schema: &Identifier) -> Result<(), MigrateError> {
     let database: String = conn
         .fetch_one("SELECT current_database()")
         .await?
@@ -105,6 +135,12 @@ async fn apply(
         .as_str(),
     )
     .await?;
+    Ok(())
+}
+
+/// The checksums of the applied migrations by version; a migration that failed half-way
+/// (`success` false) is [`MigrateError::Dirty`].
+async fn applied(conn: &mut PgConnection) -> Result<HashMap<i64, Vec<u8>>, MigrateError> {
     let mut applied = HashMap::new();
     for row in conn
         .fetch_all("SELECT version, checksum, success FROM _sqlx_migrations ORDER BY version")
@@ -116,47 +152,29 @@ async fn apply(
         }
         applied.insert(version, row.try_get::<Vec<u8>, _>(1)?);
     }
-    let known = |version: i64| {
-        migrator
-            .iter()
-            .any(|m| m.version == version && !m.migration_type.is_down_migration())
-    };
-    if !migrator.ignore_missing
-        && let Some(&version) = applied.keys().filter(|&&v| !known(v)).min()
-    {
-        return Err(MigrateError::VersionMissing(version));
-    }
-    for migration in migrator.iter() {
-        if migration.migration_type.is_down_migration() {
-            continue;
-        }
-        match applied.get(&migration.version) {
-            Some(checksum) if checksum[..] != migration.checksum[..] => {
-                return Err(MigrateError::VersionMismatch(migration.version));
-            }
-            Some(_) => {}
-            None => {
-                let started = std::time::Instant::now();
-                conn.execute(&*migration.sql)
-                    .await
-                    .map_err(|error| MigrateError::ExecuteMigration(error, migration.version))?;
-                let elapsed = i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX);
-                conn.execute(
-                    format!(
-                        "INSERT INTO _sqlx_migrations \
-                             (version, description, success, checksum, execution_time) \
-                         VALUES ({}, convert_from(decode('{}', 'hex'), 'UTF8'), TRUE, \
-                                 decode('{}', 'hex'), {elapsed})",
-                        migration.version,
-                        hex::encode(migration.description.as_bytes()),
-                        hex::encode(&migration.checksum),
-                    )
-                    .as_str(),
-                )
-                .await?;
-            }
-        }
-    }
+    Ok(applied)
+}
+
+/// Runs one pending migration and records it as sqlx's migrator does.
+async fn run(conn: &mut PgConnection, migration: &Migration) -> Result<(), MigrateError> {
+    let started = std::time::Instant::now();
+    conn.execute(&*migration.sql)
+        .await
+        .map_err(|error| MigrateError::ExecuteMigration(error, migration.version))?;
+    let elapsed = i64::try_from(started.elapsed().as_nanos()).unwrap_or(i64::MAX);
+    conn.execute(
+        format!(
+            "INSERT INTO _sqlx_migrations \
+                 (version, description, success, checksum, execution_time) \
+             VALUES ({}, convert_from(decode('{}', 'hex'), 'UTF8'), TRUE, \
+                     decode('{}', 'hex'), {elapsed})",
+            migration.version,
+            hex::encode(migration.description.as_bytes()),
+            hex::encode(&migration.checksum),
+        )
+        .as_str(),
+    )
+    .await?;
     Ok(())
 }
 
