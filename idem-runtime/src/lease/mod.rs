@@ -27,7 +27,8 @@
 //!
 //! Expiries are computed and compared on the database's clock only: every lease statement
 //! uses PostgreSQL's `now()` and none binds a timestamp, so the workers' clocks may drift.
-//! Choose a lease longer than the body usually takes, and [`extend`](Lease::extend) it
+//! Choose a lease longer than the body usually takes (`#[idempotent(mode = "lease", lease =
+//! "2m")]`; without `lease`, [`DEFAULT_LEASE`], 30 s), and [`extend`](Lease::extend) it
 //! from long bodies: once a lease runs out, another worker may run the effect as well.
 //!
 //! # Choosing a mode
