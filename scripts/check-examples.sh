@@ -27,6 +27,16 @@ name = "idem-examples-outside"
 version = "0.0.0"
 edition = "2024"
 publish = false
+# Named apart from the workspace's examples, whose binaries share the target directory.
+autoexamples = false
+
+[[example]]
+name = "outside_order_consumer"
+path = "examples/order_consumer.rs"
+
+[[example]]
+name = "outside_notification_consumer"
+path = "examples/notification_consumer.rs"
 
 [workspace]
 
