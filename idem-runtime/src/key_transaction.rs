@@ -14,7 +14,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Connection, Executor, PgConnection, PgPool, Postgres};
 
 /// The open transaction that holds a delivery's claimed key, handed to the body of a
-/// transactional handler (see [`transactional::run`](crate::transactional::run())). It
+/// transactional handler (see [`run_transactional`](crate::transactional::run_transactional())). It
 /// dereferences to the [`PgConnection`] that the body's statements go through; the body's
 /// writes commit together with the key's `success`.
 ///

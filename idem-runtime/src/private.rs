@@ -4,15 +4,15 @@
 
 pub mod identifies;
 
-pub use crate::batch::protocol::{run as run_batch, run_bulk as run_batch_handler};
+pub use crate::batch::protocol::{run_batch, run_batch_handler};
 pub use crate::handler::{
     CacheSwitch, CacheTtlMillis, HandlerSpec, JsonResult, NoResult, clone_for_run, handler_cache,
 };
 pub use crate::key::handler_key::{HandlerKey, handler_key};
 pub use crate::key::{KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart};
 pub use crate::lease::Lease;
-pub use crate::lease::protocol::run as run_lease;
-pub use crate::transactional::run as run_transactional;
+pub use crate::lease::protocol::run_lease;
+pub use crate::transactional::run_transactional;
 pub use crate::{Error, Handled, HandlerResult, Idem, IdempotencyKey, Outcome};
 pub use sqlx::PgConnection;
 

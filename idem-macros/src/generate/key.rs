@@ -86,7 +86,7 @@ fn builder(private: &TokenStream, message: &Ident, list: &FieldList, built: Buil
 }
 
 /// The check that the key has a field that is not only a timestamp (see
-/// `idem_runtime::key::identifies`), spanned on the key's fields.
+/// the runtime's `identifies` probes, in its private module), spanned on the key's fields.
 fn identifies_check(private: &TokenStream, message: &Ident, key: &FieldList) -> TokenStream {
     let span = key.span;
     let private = respan(private, span);

@@ -80,7 +80,7 @@ where
 }
 
 /// The outcomes of the messages the batch pass handled: as committed, or, when the batch
-/// rolled back, each message in `retry` run on its own by [`transactional::run`], its body
+/// rolled back, each message in `retry` run on its own by [`run_transactional`](crate::transactional::run_transactional()), its body
 /// given by `one` (the transaction and the message's index).
 pub(super) async fn settle<T, E, C, F, Fut>(
     idem: &Idem,
@@ -167,7 +167,7 @@ pub(super) async fn commit(idem: &Idem, tx: KeyTransaction, xid: i64) -> Result<
     }
 }
 
-/// [`run`]'s work in the batch transaction: the body for each owned message, in order,
+/// [`run_batch`](super::protocol::run_batch)'s work in the batch transaction: the body for each owned message, in order,
 /// one statement storing the results, the commit.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn run_each<'m, M, T, E, C, F, Fut>(
@@ -219,7 +219,7 @@ where
         .collect())
 }
 
-/// [`run_bulk`]'s work in the batch transaction: the body once with all owned messages,
+/// [`run_batch_handler`](super::protocol::run_batch_handler)'s work in the batch transaction: the body once with all owned messages,
 /// in order, then the commit.
 pub(super) async fn run_once<'m, M, E, F, Fut>(
     idem: &Idem,

@@ -1,5 +1,5 @@
 //! The entry points that generated code calls: a `<handler>_batch` of `batch = true`
-//! ([`run`]) and a batch handler ([`run_bulk`]), each planning the batch, running its
+//! ([`run_batch`]) and a batch handler ([`run_batch_handler`]), each planning the batch, running its
 //! transaction and settling every message's outcome (see the [module docs](super)).
 
 use std::future::Future;
@@ -22,7 +22,7 @@ use crate::telemetry::{self, Mode};
 /// transaction and one message and hands the transaction back with its result. Returns
 /// one outcome per message, in order. This is what `#[idempotent(batch = true)]`
 /// generates a call of (as `<handler>_batch`).
-pub async fn run<'m, M, T, E, C, D, F, Fut>(
+pub async fn run_batch<'m, M, T, E, C, D, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     messages: &'m [M],
@@ -65,7 +65,7 @@ where
 /// Runs the body of a **batch handler** once for all messages of `messages` whose keys
 /// have not succeeded yet, in one transaction with the claims of all their keys.
 ///
-/// `derive` gives each message's key and payload fingerprint, as for [`run`]. `body`
+/// `derive` gives each message's key and payload fingerprint, as for [`run_batch`]. `body`
 /// receives the open transaction and the claimed messages, in message order (never
 /// none), and hands the transaction back with its result, `Result<(), E>`. Returns one
 /// outcome per message, in order (a [`BatchOutcomes<(), E>`](BatchOutcomes)):
@@ -74,14 +74,14 @@ where
 /// is stored for replay).
 ///
 /// When the body fails, the batch rolls back and each claimed message is processed on
-/// its own by [`transactional::run`](crate::transactional::run()), the body receiving a
+/// its own by [`run_transactional`](crate::transactional::run_transactional()), the body receiving a
 /// slice of that one message (see the [module docs](super)). So the body may run more than
 /// once, each earlier run rolled back as a whole.
 ///
 /// A handler whose message parameter is a slice, `#[idempotent(key = "...")] async fn
 /// h(tx: &mut PgConnection, events: &[&M]) -> Result<(), E>`, generates a call of this
 /// function.
-pub async fn run_bulk<'m, M, R, D, F, Fut>(
+pub async fn run_batch_handler<'m, M, R, D, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     messages: &'m [M],

@@ -21,14 +21,13 @@
 //!   (deliveries go straight to PostgreSQL, counted as `skipped`), then one delivery
 //!   probes it again; the connection is re-established by itself;
 //! - entries expire after the TTL (default 10 minutes, a little above a typical retry
-//!   window); an expired or evicted entry only means that PostgreSQL answers again.
-//!
+//!   window); an expired or evicted entry only means that PostgreSQL answers again;
 //! - the namespace (16 hex digits) identifies the status table: a digest of a random id
 //!   that the migrations store in its schema, of the database's name and of the schema. So
 //!   handles on other databases or schemas (tenants, staging beside production) that
 //!   share one Redis, even with the same prefix, never answer each other's keys. A copy of
 //!   the database restored under the same name shares the id: give the copy's handles
-//!   another [`prefix`](RedisCache::prefix) when both use one Redis;
+//!   another prefix (`RedisCache::prefix`) when both use one Redis.
 //!
 //! A handler can opt out, or keep its entries for another time, with
 //! `#[idempotent(cache = false)]` or `#[idempotent(cache_ttl = "30m")]`; these arguments
@@ -36,8 +35,9 @@
 //!
 //! Because an entry is final for its TTL, removing a `success` row by hand (to run a
 //! key's body again) must also delete its entry from Redis
-//! ([`Idem::cache_entry_name`](crate::Idem::cache_entry_name) names it), or wait for the TTL. [`Idem::reset`](crate::Idem::reset) does not concern cached keys: it only
-//! applies to failed and parked keys, which are never cached.
+//! (`Idem::cache_entry_name`, with the feature, names it), or wait for the TTL.
+//! [`Idem::reset`](crate::Idem::reset) does not concern cached keys: it only applies to
+//! failed and parked keys, which are never cached.
 
 #[cfg(feature = "redis")]
 use std::time::Duration;

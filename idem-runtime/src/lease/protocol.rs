@@ -21,7 +21,7 @@ use crate::transactional;
 
 /// Runs `body` under a lease on `key` in `spec.scope`: at most one worker at a time, at
 /// most once to success. This is what `#[idempotent(mode = "lease")]` generates a call of.
-pub async fn run<T, E, C, F, Fut>(
+pub async fn run_lease<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     key: IdempotencyKey,
@@ -43,7 +43,7 @@ where
     result
 }
 
-/// [`run`] without its span and outcome count: one step per stage of the [module
+/// [`run_lease`] without its span and outcome count: one step per stage of the [module
 /// docs](super), each of which may answer the delivery (`Break`) or hand on to the next.
 async fn run_inner<T, E, C, F, Fut>(
     idem: &Idem,

@@ -73,7 +73,7 @@ use retries::Retries;
 /// commit or roll it back, nor begin a transaction of its own on it (see
 /// `KeyTransaction`). It may run more than once when PostgreSQL reports a
 /// serialization failure or a deadlock: each earlier run was rolled back as a whole.
-pub async fn run<T, E, C, F, Fut>(
+pub async fn run_transactional<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     key: IdempotencyKey,
@@ -99,7 +99,7 @@ where
     result
 }
 
-/// [`run`] for a handler whose scope is checked already (the batch path's one-by-one pass).
+/// [`run_transactional`] for a handler whose scope is checked already (the batch path's one-by-one pass).
 ///
 /// One step per stage of the module docs: a duplicate answered without the claim, the
 /// key's turn in the process, then, in a loop that a transient failure starts again, the
