@@ -32,14 +32,12 @@ pub(crate) fn failure_text<E: HandlerError>(error: &E, texts: crate::config::Err
 /// The kind of an error: the type's name, and the SQLSTATE of a database error among its
 /// sources.
 pub(crate) fn error_kind(type_name: &str, error: &(dyn StdError + 'static)) -> String {
-    let mut current = Some(error);
-    while let Some(error) = current {
+    for error in chain(error) {
         if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>()
             && let Some(code) = db.code()
         {
             return format!("{type_name} (SQLSTATE {code})");
         }
-        current = error.source();
     }
     type_name.to_owned()
 }
@@ -59,12 +57,14 @@ pub(crate) fn storable_text(text: &str) -> String {
     text
 }
 
-/// An error and its sources on one line, `: `-separated: the one way idem and idem-kafka
-/// flatten an error's chain into a text (a key's `last_error`, a dead letter's `error`).
+/// An error and its sources on one line, `: `-separated, as idem records a failure (a
+/// key's `last_error`; idem-kafka's dead letters too).
 ///
 /// A source whose text the error before it already ends with is written once: sqlx's
 /// database errors, and wrappers such as `#[error("insert failed: {0}")]`, show their
-/// source's text themselves.
+/// source's text themselves. At most 32 errors of the chain are written, and no further
+/// source once 16 KiB are: an error whose `source()` leads back to itself still gives a
+/// finite text.
 ///
 /// ```
 /// # #[derive(Debug)] struct Wrapped(std::io::Error);
@@ -84,34 +84,56 @@ pub struct ErrorChain<'a>(pub &'a (dyn StdError + 'static));
 
 impl fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut shown = self.0.to_string();
-        f.write_str(&shown)?;
-        let mut source = self.0.source();
-        while let Some(error) = source {
-            let text = error.to_string();
-            if !shown.ends_with(&text) {
-                write!(f, ": {text}")?;
+        let mut written = 0;
+        let mut previous: Option<String> = None;
+        let errors = std::iter::successors(Some(self.0), |&error| error.source());
+        for (index, error) in errors.enumerate() {
+            if index == MAX_CHAIN {
+                return f.write_str(": [more sources left out]");
             }
-            shown = text;
-            source = error.source();
+            let text = error.to_string();
+            if !previous
+                .as_ref()
+                .is_some_and(|shown| shown.ends_with(&text))
+            {
+                if written >= MAX_CHAIN_TEXT {
+                    return f.write_str(": [more sources left out]");
+                }
+                if previous.is_some() {
+                    f.write_str(": ")?;
+                }
+                f.write_str(&text)?;
+                written += text.len();
+            }
+            previous = Some(text);
         }
         Ok(())
     }
 }
 
+/// The most errors of a chain that idem looks at: the error and its first sources. An
+/// error type whose `source()` leads back to itself (a cycle) would otherwise keep a
+/// delivery formatting its failure forever.
+const MAX_CHAIN: usize = 32;
+
+/// The length after which [`ErrorChain`] writes no further source: a deep chain of long
+/// texts is cut well before anything stores it.
+const MAX_CHAIN_TEXT: usize = 16 * 1024;
+
+/// `error` and its sources, at most [`MAX_CHAIN`] of them.
+pub(crate) fn chain<'a>(
+    error: &'a (dyn StdError + 'static),
+) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
+    std::iter::successors(Some(error), |&error| error.source()).take(MAX_CHAIN)
+}
+
 /// Whether `error` or one of its sources is a PostgreSQL serialization failure (`40001`)
 /// or deadlock (`40P01`): the transaction can be retried as a whole.
 pub(crate) fn is_transient(error: &(dyn StdError + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(error) = current {
-        if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>()
-            && matches!(db.code().as_deref(), Some("40001" | "40P01"))
-        {
-            return true;
-        }
-        current = error.source();
-    }
-    false
+    chain(error).any(|error| {
+        matches!(error.downcast_ref::<sqlx::Error>(),
+            Some(sqlx::Error::Database(db)) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
+    })
 }
 
 #[cfg(test)]
@@ -154,5 +176,52 @@ mod tests {
             full_chain(&repeated),
             "error returned from database: deadlock detected"
         );
+    }
+
+    /// An error whose source is itself, and two errors that are each other's source.
+    #[derive(Debug)]
+    struct Cycle(&'static str, Option<&'static Cycle>);
+
+    impl fmt::Display for Cycle {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl StdError for Cycle {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(self.1.unwrap_or(&SELF))
+        }
+    }
+
+    static SELF: Cycle = Cycle("looping", None);
+    static PING: Cycle = Cycle("ping", Some(&PONG));
+    static PONG: Cycle = Cycle("pong", Some(&PING));
+
+    #[test]
+    fn a_cycle_of_sources_gives_a_finite_text() {
+        assert_eq!(full_chain(&SELF), "looping: [more sources left out]");
+        let text = full_chain(&PING);
+        assert!(text.starts_with("ping: pong: ping"), "{text}");
+        assert!(text.ends_with("pong: [more sources left out]"), "{text}");
+        assert_eq!(text.matches(": ").count(), super::MAX_CHAIN);
+        assert!(!super::is_transient(&PING));
+    }
+
+    #[test]
+    fn a_deep_chain_of_long_texts_is_cut() {
+        let long: &'static str = "a long error text ".repeat(100).leak();
+        let mut error = Layer("bottom", None);
+        for level in 0..20 {
+            let text = if level % 2 == 0 { long } else { "a short one" };
+            error = Layer(text, Some(Box::new(error)));
+        }
+        let text = full_chain(&error);
+        assert!(
+            text.len() < super::MAX_CHAIN_TEXT + long.len() + 64,
+            "{}",
+            text.len()
+        );
+        assert!(text.ends_with(": [more sources left out]"));
     }
 }

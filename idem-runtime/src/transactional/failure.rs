@@ -73,14 +73,9 @@ pub(crate) fn counts_as_attempt(error: &sqlx::Error) -> bool {
 /// [`counts_as_attempt`] for a handler's error: decided by the first database error among
 /// its sources, if any; the handler's own errors count.
 pub(crate) fn counts_as_attempt_of(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut current = Some(error);
-    while let Some(error) = current {
-        if let Some(sqlx_error) = error.downcast_ref::<sqlx::Error>() {
-            return counts_as_attempt(sqlx_error);
-        }
-        current = error.source();
-    }
-    true
+    crate::error_text::chain(error)
+        .find_map(|error| error.downcast_ref::<sqlx::Error>())
+        .is_none_or(counts_as_attempt)
 }
 
 /// Parks the keys of a transaction that a body ended itself (`COMMIT` or `ROLLBACK`): a

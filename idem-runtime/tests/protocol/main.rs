@@ -19,6 +19,7 @@ mod dropped_future_leaves_no_claim;
 mod dropped_mid_statement_holds_claim_until_it_ends;
 mod dropped_while_beginning_leaves_no_open_transaction;
 mod duplicate_of_success_writes_nothing;
+mod error_with_a_cycle_of_sources_is_recorded;
 mod failed_handler_rolls_back_and_retries;
 mod fingerprint_option_none_is_a_value_not_a_missing_key;
 mod handler_key_is_the_key_the_handler_stored;
