@@ -201,9 +201,8 @@ struct PurgeArgs {
 }
 
 fn parse_status(text: &str) -> Result<idem_runtime::Status, String> {
-    admin::parse_status(text).ok_or_else(|| {
-        format!("unknown status {text:?}: use processing, success, failed or parked")
-    })
+    text.parse()
+        .map_err(|error: idem_runtime::UnknownStatus| error.to_string())
 }
 
 fn main() -> ExitCode {

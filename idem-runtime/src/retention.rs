@@ -20,12 +20,10 @@
 //!   delivery or for an operator (`idem keys retry`, `idem keys release`, or
 //!   [`Idem::reset`](crate::Idem::reset)); `processing` leases are kept too;
 //! - a scope may have a window of its own, longer or shorter than the default: declared by
-//!   its handler (`#[idempotent(retention = "90d")]`, [`HandlerSpec::retention`]), which
+//!   its handler (`#[idempotent(retention = "90d")]`), which
 //!   records it with the scope in the database when the handler first runs, so that every
 //!   cleaner and `idem purge` apply it; or set by whoever runs the cleanup
 //!   ([`Retention::scope_window`], `idem purge --scope-window`), which comes first.
-//!
-//! [`HandlerSpec::retention`]: crate::handler::HandlerSpec::retention
 //!
 //! # How the cleanup runs
 //!

@@ -17,8 +17,7 @@
 //!   process, gets [`ScopeConflict`].
 //!
 //! A scope shared on purpose is declared so by every handler that uses it
-//! (`#[idempotent(scope = "payments", shared_scope = true)]`, or
-//! [`HandlerSpec::shared_scope`]); it then records no owner.
+//! (`#[idempotent(scope = "payments", shared_scope = true)]`); it then records no owner.
 //!
 //! Renaming or moving a handler that has an explicit `scope`, or renaming its crate, makes
 //! it conflict with the recorded owner: once the old version has stopped,

@@ -75,16 +75,6 @@ impl KeyFilter {
     }
 }
 
-/// A status as the status table writes it.
-pub fn status_text(status: Status) -> &'static str {
-    status.as_str()
-}
-
-/// A status from its text (`processing`, `success`, `failed`, `parked`).
-pub fn parse_status(text: &str) -> Option<Status> {
-    Status::parse(text).ok()
-}
-
 /// Where a page of [`list_keys`] starts: after this key, in `(scope, key)` order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
@@ -166,7 +156,7 @@ fn releasable(filter: &KeyFilter) -> Result<KeyFilter, AdminError> {
     {
         return Err(AdminError::InvalidSelection(format!(
             "only `failed` and `parked` keys can be retried or released, not `{}` ones",
-            status_text(*status)
+            status
         )));
     }
     Ok(filter)

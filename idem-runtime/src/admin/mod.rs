@@ -28,10 +28,7 @@ mod stats;
 
 pub use crate::store::KeyRow;
 pub use fields::{FieldValue, KeyField, key_from_fields};
-pub use keys::{
-    Change, Cursor, KeyFilter, list_keys, parse_status, release_keys, retry_keys, show_key,
-    status_text,
-};
+pub use keys::{Change, Cursor, KeyFilter, list_keys, release_keys, retry_keys, show_key};
 pub use migrations::{MigrationState, ensure_migrated, migration_status};
 pub use stats::{OldestLease, ScopeWindow, Stats, StatusCount, stats};
 

@@ -38,7 +38,19 @@ pub(crate) use retention::Windows;
 use sql::{Protocol, Query, Value};
 
 /// The status of a key in the status table.
+///
+/// Written and parsed as the status table stores it (`processing`, `success`, `failed`,
+/// `parked`):
+///
+/// ```
+/// use idem_runtime::Status;
+///
+/// assert_eq!("parked".parse::<Status>(), Ok(Status::Parked));
+/// assert_eq!(Status::Success.to_string(), "success");
+/// assert!("done".parse::<Status>().is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Status {
     /// Lease mode: a worker holds the key until its lease expires.
     Processing,
@@ -62,20 +74,39 @@ impl Status {
     }
 
     pub(crate) fn parse(text: &str) -> Result<Self, sqlx::Error> {
+        text.parse()
+            .map_err(|error: UnknownStatus| sqlx::Error::Decode(error.to_string().into()))
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Status {
+    type Err = UnknownStatus;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
         match text {
             "processing" => Ok(Status::Processing),
             "success" => Ok(Status::Success),
             "failed" => Ok(Status::Failed),
             "parked" => Ok(Status::Parked),
-            other => Err(sqlx::Error::Decode(
-                format!("unknown idem status {other:?}").into(),
-            )),
+            other => Err(UnknownStatus(other.to_owned())),
         }
     }
 }
 
+/// A text that names no [`Status`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown status {0:?}: the statuses are processing, success, failed and parked")]
+pub struct UnknownStatus(String);
+
 /// A row of the status table, as [`Idem::record`](crate::Idem::record) returns it.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct KeyRecord {
     /// The handler's scope.
     pub scope: String,
