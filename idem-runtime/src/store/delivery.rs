@@ -123,8 +123,8 @@ impl Sql {
                  WHERE scope = $1 AND key = $2 AND xmin = xid($3::text::xid8)"
             ),
             record: format!(
-                "SELECT scope, key, status, attempts, last_error, result, created_at, updated_at \
-                 FROM {table} WHERE scope = $1 AND key = $2"
+                "SELECT scope, key, status, attempts, last_error, result, fingerprint, created_at, \
+                 updated_at FROM {table} WHERE scope = $1 AND key = $2"
             ),
             // Which of a list of keys succeeded with the given fingerprint, in list order.
             done: format!(

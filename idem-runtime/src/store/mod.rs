@@ -120,6 +120,10 @@ pub struct KeyRecord {
     pub last_error: Option<String>,
     /// The stored result (JSON).
     pub result: Option<serde_json::Value>,
+    /// The payload fingerprint recorded with the key (SHA-256), if its handler declares
+    /// `fingerprint` fields: what [`HandlerKey::fingerprint_differs`](crate::HandlerKey::fingerprint_differs)
+    /// compares a message's with.
+    pub fingerprint: Option<Vec<u8>>,
     /// When the key was first recorded.
     pub created_at: DateTime<Utc>,
     /// When the key last changed.
@@ -135,6 +139,7 @@ impl<'r> FromRow<'r, PgRow> for KeyRecord {
             attempts: u32::try_from(row.try_get::<i32, _>("attempts")?).unwrap_or(0),
             last_error: row.try_get("last_error")?,
             result: row.try_get("result")?,
+            fingerprint: row.try_get("fingerprint")?,
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,
         })

@@ -89,9 +89,20 @@ async fn the_key_function_gives_the_stored_row_and_agrees_on_the_fingerprint(poo
         concat!(module_path!(), "::book")
     );
 
-    // The same payload: the fingerprints agree, and the delivery is a duplicate.
-    let recorded = pay_key(&event).unwrap().fingerprint().unwrap();
+    // The same payload: the fingerprints agree, and the delivery is a duplicate. The
+    // recorded fingerprint as `Idem::record` reads it back.
     let same = pay_key(&event).unwrap();
+    let recorded = idem
+        .record(same.scope(), same.key())
+        .await
+        .unwrap()
+        .expect("the key is recorded")
+        .fingerprint
+        .expect("the handler declares fingerprint fields");
+    assert_eq!(
+        Some(recorded.as_slice()),
+        same.fingerprint().as_ref().map(|f| f.as_slice())
+    );
     assert!(!same.fingerprint_differs(Some(&recorded)));
     assert!(matches!(
         pay(&idem, &event).await.unwrap(),
