@@ -1,4 +1,9 @@
 //! The order events the tests' handlers take.
+//!
+//! The demo's package (`idem-demo`) and the cross-crate suites' fixtures (`tests/`) hold
+//! the same order events; these tests cannot use them: those packages depend on idem-runtime,
+//! and a dev-dependency on them would link a second copy of the runtime, whose `Idem`
+//! and `KeyPart` are other types than those of the crate under test.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

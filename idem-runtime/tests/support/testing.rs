@@ -1,5 +1,10 @@
 //! A migrated runtime over a test's fresh database with the business table `order_effects`,
 //! order events, and idem's own test helpers (`idem_runtime::testing`).
+//!
+//! The demo's package (`idem-demo`) and the cross-crate suites' fixtures (`tests/`) hold
+//! the same fixtures; these tests cannot use them: those packages depend on idem-runtime,
+//! and a dev-dependency on them would link a second copy of the runtime, whose `Idem`
+//! and `KeyPart` are other types than those of the crate under test.
 
 use idem_runtime::Idem;
 // Not every test binary uses all of them.
