@@ -174,6 +174,11 @@ pub struct IdemBuilder {
 impl IdemBuilder {
     /// The schema that holds the status table `idem_keys` (default `idem`). It must be a
     /// plain lowercase identifier (checked by [`IdemBuilder::build`]).
+    ///
+    /// The schema's `_sqlx_migrations` table tracks idem's migrations: give idem a schema
+    /// of its own. In a schema whose `_sqlx_migrations` another migrator writes (`public`,
+    /// where an application's `sqlx::migrate!` keeps its own), each side finds the other's
+    /// versions and refuses to run (`VersionMismatch`, `VersionMissing`).
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = Some(schema.into());
         self

@@ -34,7 +34,9 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 /// transaction: a migration marked `-- no-transaction` is not supported.
 ///
 /// This is what [`Idem::migrate`](crate::Idem::migrate) does for the status table; other
-/// crates built on idem (idem-kafka) apply their own tables' migrations with it.
+/// crates built on idem (idem-kafka) apply their own tables' migrations with it. One
+/// schema, one migrator: two migrators tracked in one schema's `_sqlx_migrations` each
+/// find the other's versions and refuse to run.
 ///
 /// ```no_run
 /// # async fn f(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
