@@ -24,14 +24,19 @@
 //! | `u` | [`uuid::Uuid`] | the 16 bytes |
 //! | `t` | `chrono::DateTime<Tz>`, `chrono::NaiveDateTime` (read as UTC) | ASCII decimal nanoseconds since 1970-01-01T00:00:00Z |
 //! | `d` | `chrono::NaiveDate` | ASCII `YYYY-MM-DD` |
-//! | `l` | `[T]`, `[T; N]`, `Vec<T>`, structs deriving [`KeyPart`] | `count part*` of the elements |
+//! | `l` | `[T]`, `[T; N]`, `Vec<T>`; structs deriving [`KeyPart`] with several fields (in declaration order); enum variants deriving it that have fields (the variant's name as an `s` part, then the fields) | `count part*` of the elements |
 //! | `n` | `None` of an `Option`, in a payload fingerprint only | none (`len` is 0) |
 //!
 //! The digest is the first 16 bytes of SHA-256 over the encoding, stamped as an
 //! [RFC 9562](https://www.rfc-editor.org/rfc/rfc9562#section-5.8) version 8 UUID.
 //! Integers of every width encode alike, so a producer holding an `i64` and a consumer
 //! holding an `i32` of the same value agree. Field names are not encoded: only the values
-//! and their order count.
+//! and their order count. A struct deriving [`KeyPart`] with one field encodes as that
+//! field.
+//!
+//! What derives [`KeyPart`] encodes its Rust names and order, not its serde form: renaming
+//! an enum's variant (a `#[serde(rename)]` does not count) or reordering a struct's fields
+//! changes the keys of every message that holds one, and their redeliveries run again.
 //!
 //! The test vectors below are checked by this crate's tests; another implementation
 //! (a producer in another language) can check itself against them.
