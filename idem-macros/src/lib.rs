@@ -31,6 +31,10 @@ use quote::ToTokens;
 /// scope, the message's key and payload fingerprint, or `KeyError` for a key field that
 /// is `None`; for callers that need the key without running the handler (`idem_runtime`'s
 /// "The key of a message, for callers").
+///
+/// `key_fn = "other_name"` names that function otherwise (when `<handler>_key` clashes
+/// with an item of yours); `key_fn = false` generates none, as a method of a trait impl
+/// needs (the trait does not declare the key function); `key_fn = true` is the default.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut parsed = args::Args::default();

@@ -17,7 +17,12 @@ use syn::{Ident, LitBool, LitInt, LitStr, Path};
 pub(crate) use fields::{FieldList, FieldPath};
 
 /// Every argument the attribute accepts, for the "unknown argument" message.
-const VALID: &str = "`key`, `scope`, `shared_scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `retention`, `crate`";
+const VALID: &str = "`key`, `scope`, `shared_scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `retention`, `key_fn`, `crate`";
+
+/// The longest scope, in bytes, and the character a scope cannot hold: the limits that
+/// the runtime checks at a handler's first run (`idem_runtime::scope`), here at compile
+/// time for a scope that is written out.
+const MAX_SCOPE: usize = 200;
 
 /// How a handler's key is held while its body runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +31,18 @@ pub(crate) enum Mode {
     Transaction,
     /// Under a lease committed on its own, for effects outside the database.
     Lease,
+}
+
+/// `key_fn`: what the key function of the handler is called, if there is one.
+#[derive(Clone)]
+pub(crate) enum KeyFn {
+    /// `key_fn = true`, or no `key_fn`: `<handler>_key`.
+    Default,
+    /// `key_fn = "name"`: the name, spanned on the string.
+    Named(Ident),
+    /// `key_fn = false`: no key function (a method of a trait impl, where the trait has
+    /// no such item; or no caller needs it).
+    Omitted,
 }
 
 /// A handler-level Redis cache argument, with the span of its value.
@@ -61,6 +78,8 @@ pub(crate) struct Args {
     pub(crate) cache_ttl: Option<(u64, LitStr)>,
     /// `retention = "30d"`: how long the handler's `success` keys are kept, in milliseconds.
     pub(crate) retention: Option<(u64, LitStr)>,
+    /// `key_fn = "name" | true | false`.
+    pub(crate) key_fn: Option<KeyFn>,
     /// Errors found so far; they are all reported together.
     pub(crate) errors: Vec<syn::Error>,
 }
@@ -100,6 +119,7 @@ impl Args {
             "scope" => self.parse_scope(meta, span),
             "max_attempts" => self.parse_max_attempts(meta, span),
             "mode" => self.parse_mode(meta, span),
+            "key_fn" => self.parse_key_fn(meta, span),
             "crate" => {
                 let literal: LitStr = meta.value()?.parse()?;
                 let path = literal.parse_with(Path::parse_mod_style)?;
@@ -165,14 +185,47 @@ impl Args {
         Ok(())
     }
 
-    /// `scope = "..."`: not empty.
+    /// `scope = "..."`: not empty, and one the runtime accepts (no NUL character, at most
+    /// `MAX_SCOPE` bytes), in the runtime's words.
     fn parse_scope(&mut self, meta: &ParseNestedMeta<'_>, span: Span) -> syn::Result<()> {
         let literal: LitStr = meta.value()?.parse()?;
-        if literal.value().trim().is_empty() {
-            self.errors
-                .push(syn::Error::new(literal.span(), "`scope` must not be empty"));
+        let value = literal.value();
+        let problem = if value.trim().is_empty() {
+            Some("`scope` must not be empty".to_owned())
+        } else if value.contains('\0') {
+            Some("`scope` cannot be used: it contains a NUL character, which the status table cannot hold; give the handler a short, plain `scope = \"...\"`".to_owned())
+        } else if value.len() > MAX_SCOPE {
+            Some(format!(
+                "`scope` cannot be used: it is longer than {MAX_SCOPE} bytes (it has {}), the most the status table holds; give the handler a short, plain `scope = \"...\"`",
+                value.len()
+            ))
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            self.errors.push(syn::Error::new(literal.span(), problem));
         }
         set(&mut self.scope, literal, span, "scope", &mut self.errors);
+        Ok(())
+    }
+
+    /// `key_fn = "name"`, `key_fn = true` (the default) or `key_fn = false`.
+    fn parse_key_fn(&mut self, meta: &ParseNestedMeta<'_>, span: Span) -> syn::Result<()> {
+        let value = meta.value()?;
+        let key_fn = if value.peek(LitStr) {
+            KeyFn::Named(key_fn_name(&value.parse()?)?)
+        } else if value.peek(LitBool) {
+            if value.parse::<LitBool>()?.value {
+                KeyFn::Default
+            } else {
+                KeyFn::Omitted
+            }
+        } else {
+            return Err(value.error(
+                "`key_fn` takes the name of the key function in a string, `key_fn = \"order_key\"`, or `false` for no key function (`true`, the default, names it `<handler>_key`)",
+            ));
+        };
+        set(&mut self.key_fn, key_fn, span, "key_fn", &mut self.errors);
         Ok(())
     }
 
@@ -225,6 +278,24 @@ impl Args {
         );
         Ok(())
     }
+}
+
+/// The identifier that `key_fn = "name"` gives, spanned on the string.
+fn key_fn_name(literal: &LitStr) -> syn::Result<Ident> {
+    let value = literal.value();
+    literal.parse::<Ident>().map_err(|_| {
+        let problem = if syn::parse_str::<Ident>(&format!("r#{value}")).is_ok() {
+            format!("`{value}` is a keyword; write `key_fn = \"r#{value}\"`")
+        } else {
+            format!(
+                "{value:?} is not an identifier; e.g. `key_fn = \"order_key\"`, or `key_fn = false` for no key function"
+            )
+        };
+        syn::Error::new(
+            literal.span(),
+            format!("`key_fn` must be the name of a function: {problem}"),
+        )
+    })
 }
 
 /// Stores an argument, or records that it was given twice.

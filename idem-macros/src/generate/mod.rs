@@ -9,7 +9,8 @@
 //! - `batch_handler`: a handler of a slice of messages (`&[&M]`), calling `run_batch_handler`;
 //! - `batch_variant`: `<handler>_batch` of a handler of one message (`batch = true`),
 //!   calling `run_batch`;
-//! - `key_fn`: `<handler>_key`, the key the handler derives from a message, for callers.
+//! - `key_fn`: `<handler>_key` (or the name `key_fn` gives), the key the handler derives
+//!   from a message, for callers.
 
 mod batch_handler;
 mod batch_variant;
@@ -34,10 +35,11 @@ pub(crate) fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<s
     let batch = args.batch(mode);
     let cache = args.cache();
     let shared_scope = args.shared_scope();
+    let key_fn_name = key_fn::name(&mut args, item, batch);
     let handler = validate(&mut args, item, mode)?;
     let batch_of = handler.batch_of;
     let expansion = Expansion::new(&args, item, handler, cache, shared_scope);
-    let key_fn = key_fn::expand(&expansion);
+    let key_fn = key_fn_name.map(|name| key_fn::expand(&expansion, &name));
     if let Some(element) = batch_of {
         let handler = batch_handler::expand(&expansion, element);
         return Ok(quote!(#handler #key_fn));
