@@ -168,6 +168,7 @@
 //! | `batch = true` | also generate `<handler>_batch` over a slice of messages, running the body once per new message: see [`batch`]. A batch handler (message parameter `&[&Message]`, see [above](#batch-handlers)) needs no argument and runs its body once per batch |
 //! | `cache = false`, `cache_ttl = "30m"` | feature `redis`: this handler skips the Redis cache of duplicates, or keeps its entries that long (default: the handle's TTL); see [`cache`]. Without the feature, a compile error names it |
 //! | `retention = "30d"` | how long the handler's `success` keys are kept before the retention cleanup may delete them (units `ms`, `s`, `m`, `h`, `d`; default: the cleaner's window, 7 days); recorded with the scope in the database, where every cleaner reads it: see [`retention`] |
+//! | `key_fn = "name"`, `key_fn = false` | the name of the key function generated next to the handler (default, or `key_fn = true`: `<handler>_key`; see [below](#the-key-of-a-message-for-callers)), for a name that clashes with an item of yours; `false` generates none, as a method of a trait impl needs. The name must be an identifier (a keyword as `r#type`), neither the handler's nor its `_batch` variant's |
 //! | `crate = "path"` | where `idem_runtime` is, when the dependency is renamed |
 //!
 //! # The key of a message, for callers
@@ -181,6 +182,41 @@
 //! and `scope`. In an `impl` it is an associated function (`Payments::apply_key(&event)`);
 //! for a batch handler it takes one message; it is generic over those of the handler's
 //! type parameters that the message's type names.
+//!
+//! The name is the handler's with `_key` appended, next to the handler: an item of yours
+//! of that name (a handler `rotate` next to your `rotate_key`) is a compile error, "the
+//! name `rotate_key` is defined multiple times", pointing at the handler's name. Name the
+//! key function otherwise with `key_fn = "other_name"`, or generate none with
+//! `key_fn = false`.
+//!
+//! In a trait impl, set `key_fn = false`: the key function would be an item that the
+//! trait does not declare ("method `apply_key` is not a member of trait"). The handler
+//! itself implements a trait method whose signature is the rewritten one:
+//!
+//! ```no_run
+//! use idem_runtime::{idempotent, Handled, Idem};
+//! use sqlx::PgConnection;
+//! # struct OrderEvent { order_id: String }
+//!
+//! trait Apply {
+//!     async fn apply(&self, idem: &Idem, event: &OrderEvent) -> Handled<Result<(), sqlx::Error>>;
+//! }
+//!
+//! struct Payments;
+//!
+//! impl Apply for Payments {
+//!     #[idempotent(key = "order_id", key_fn = false)]
+//!     async fn apply(&self, tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+//!         # let _ = (tx, &event.order_id);
+//!         Ok(())
+//!     }
+//! }
+//! ```
+//!
+//! The default scope of such a handler is its module path and the method's name, the
+//! same for every impl of the trait in that module: give each impl its own
+//! `scope = "..."`, or the second one to run gets [`Error::ScopeConflict`]. `batch = true`
+//! would add `apply_batch`, which the trait does not declare either.
 //!
 //! # Guarantees
 //!

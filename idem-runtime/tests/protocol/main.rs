@@ -45,5 +45,6 @@ mod schema_is_configurable;
 mod scopes_are_independent;
 mod stored_result_is_replayed;
 mod swallowed_error_is_not_executed;
+mod trait_impl_handlers_and_named_key_functions;
 mod transient_failures_are_retried;
 mod unit_result_duplicates_get_some_unit;
