@@ -71,13 +71,6 @@ async fn stored(pool: &PgPool) -> Vec<(String, Uuid)> {
         .unwrap()
 }
 
-async fn effects(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM order_effects")
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
 #[sqlx::test(migrations = false)]
 async fn a_trait_impl_handler_executes_once_through_the_trait(pool: PgPool) {
     let idem = testing::setup(&pool).await;
@@ -92,7 +85,7 @@ async fn a_trait_impl_handler_executes_once_through_the_trait(pool: PgPool) {
         matches!(again, Outcome::Duplicate(Some(replayed)) if replayed == id),
         "{again:?}"
     );
-    assert_eq!(effects(&pool).await, 1);
+    assert_eq!(testing::count_rows(&pool, "order_effects").await, 1);
 
     // Its own scope: the same message is new to `Refunds`.
     assert!(
@@ -101,7 +94,7 @@ async fn a_trait_impl_handler_executes_once_through_the_trait(pool: PgPool) {
             .unwrap()
             .is_executed()
     );
-    assert_eq!(effects(&pool).await, 2);
+    assert_eq!(testing::count_rows(&pool, "order_effects").await, 2);
     let scopes: Vec<String> = stored(&pool)
         .await
         .into_iter()
@@ -112,7 +105,7 @@ async fn a_trait_impl_handler_executes_once_through_the_trait(pool: PgPool) {
     // The default scope of `Chargebacks::apply` is that of `Payments::apply`.
     let error = consume(&Chargebacks, &idem, &event).await.unwrap_err();
     assert!(matches!(error, Error::ScopeConflict(_)), "{error:?}");
-    assert_eq!(effects(&pool).await, 2);
+    assert_eq!(testing::count_rows(&pool, "order_effects").await, 2);
 }
 
 #[sqlx::test(migrations = false)]
