@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use idem_runtime::Idem;
+use idem_runtime::{Idem, storable_text_of};
 use sqlx::{Connection, PgConnection};
 
 use crate::dead_letter::DeadLetter;
@@ -109,26 +109,11 @@ pub async fn stored_offsets(
     Ok(rows.into_iter().collect())
 }
 
-/// The longest error text a dead letter records, in bytes; longer texts are cut at a
-/// character boundary and marked.
+/// The longest error text a dead letter records, in bytes. PostgreSQL's `text` refuses
+/// NUL characters (an error quoting a hostile payload may carry one), and a refused insert
+/// would leave the message undecided and redelivered forever: the text is stored as
+/// [`storable_text_of`] makes it.
 const MAX_DEAD_LETTER_ERROR: usize = 4096;
-
-/// `error` as the `error` column can hold it: PostgreSQL's `text` refuses NUL characters
-/// (an error quoting a hostile payload may carry one), and a refused insert would leave
-/// the message undecided and redelivered forever; replaced by U+FFFD, and bounded.
-fn storable_error(error: &str) -> String {
-    const MARK: &str = " [truncated]";
-    let mut text = error.replace('\0', "\u{fffd}");
-    if text.len() > MAX_DEAD_LETTER_ERROR {
-        let mut cut = MAX_DEAD_LETTER_ERROR - MARK.len();
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-        text.push_str(MARK);
-    }
-    text
-}
 
 /// Records `delivery` as dead for `group`. Returns `false` if it was already recorded
 /// (a redelivery).
@@ -154,7 +139,7 @@ pub(crate) async fn insert_dead_letter(
     .bind(delivery.key.as_deref())
     .bind(delivery.payload.as_deref())
     .bind(reason.as_str())
-    .bind(storable_error(error))
+    .bind(storable_text_of(error, MAX_DEAD_LETTER_ERROR))
     .persistent(schema.prepared())
     .execute(conn)
     .await?;
@@ -238,19 +223,4 @@ pub async fn dead_letters(
             },
         )
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{MAX_DEAD_LETTER_ERROR, storable_error};
-
-    #[test]
-    fn error_texts_are_stored_without_nul_and_bounded() {
-        assert_eq!(storable_error("bad \0 byte"), "bad \u{fffd} byte");
-        assert_eq!(storable_error("plain"), "plain");
-        let long = "é".repeat(MAX_DEAD_LETTER_ERROR);
-        let stored = storable_error(&long);
-        assert!(stored.len() <= MAX_DEAD_LETTER_ERROR);
-        assert!(stored.ends_with(" [truncated]"));
-    }
 }

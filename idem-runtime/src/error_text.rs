@@ -42,17 +42,33 @@ pub(crate) fn error_kind(type_name: &str, error: &(dyn StdError + 'static)) -> S
     type_name.to_owned()
 }
 
-/// `text` as it can be stored in a `text` column: without NUL, bounded in length.
+/// `text` as `last_error` records it: see [`storable_text_of`].
 pub(crate) fn storable_text(text: &str) -> String {
+    storable_text_of(text, MAX_ERROR_TEXT)
+}
+
+/// `text` as a PostgreSQL `text` column can hold it, in at most `max_len` bytes: NUL
+/// characters (which `text` refuses, failing the whole statement) replaced by U+FFFD, and
+/// a longer text cut at a character boundary and marked ` [truncated]`. How idem stores a
+/// key's `last_error` (2 KiB), and idem-kafka a dead letter's error (4 KiB).
+///
+/// ```
+/// use idem_runtime::storable_text_of;
+///
+/// assert_eq!(storable_text_of("bad \0 byte", 100), "bad \u{fffd} byte");
+/// assert_eq!(storable_text_of(&"é".repeat(100), 30), "ééééééééé [truncated]");
+/// ```
+pub fn storable_text_of(text: &str, max_len: usize) -> String {
     const MARK: &str = " [truncated]";
     let mut text = text.replace('\0', "\u{fffd}");
-    if text.len() > MAX_ERROR_TEXT {
-        let mut cut = MAX_ERROR_TEXT - MARK.len();
+    if text.len() > max_len {
+        let mark = if max_len >= MARK.len() { MARK } else { "" };
+        let mut cut = max_len - mark.len();
         while !text.is_char_boundary(cut) {
             cut -= 1;
         }
         text.truncate(cut);
-        text.push_str(MARK);
+        text.push_str(mark);
     }
     text
 }
@@ -223,5 +239,16 @@ mod tests {
             text.len()
         );
         assert!(text.ends_with(": [more sources left out]"));
+    }
+
+    #[test]
+    fn storable_texts_fit_their_bound() {
+        use super::storable_text_of;
+        assert_eq!(storable_text_of("a\0b", 10), "a\u{fffd}b");
+        assert_eq!(storable_text_of("plain", 5), "plain");
+        assert_eq!(storable_text_of("abcdef", 4), "abcd");
+        for max in 0..40 {
+            assert!(storable_text_of(&"é".repeat(30), max).len() <= max);
+        }
     }
 }

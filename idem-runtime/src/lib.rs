@@ -292,7 +292,7 @@ pub mod testing;
 mod transactional;
 
 pub use config::{Config, ConfigError, ErrorTexts, Pooler};
-pub use error_text::ErrorChain;
+pub use error_text::{ErrorChain, storable_text_of};
 pub use handle::IdemBuilder;
 pub use idem_macros::{KeyPart, idempotent};
 pub use key::{HandlerKey, IdempotencyKey, KeyError};

@@ -53,12 +53,10 @@ pub(super) fn name(args: &mut Args, item: &ItemFn, batch: bool) -> Option<Ident>
 
 /// The key function of the handler, named `name`.
 pub(super) fn expand(x: &Expansion<'_>, name: &Ident) -> TokenStream {
-    let ItemFn {
-        attrs, vis, sig, ..
-    } = x.item;
-    // The handler's own `#[cfg]`s (those written after the attribute): the function
-    // exists where the handler does.
-    let cfgs = attrs.iter().filter(|attr| attr.path().is_ident("cfg"));
+    let ItemFn { vis, sig, .. } = x.item;
+    // No `#[cfg]` of the handler's reaches the attribute: rustc evaluates those written
+    // after it first, and an item configured out is never expanded, so the key function
+    // exists exactly where the handler does.
     let private = &x.private;
     let message = &x.handler.message;
     // One message: the element of a batch handler's slice, or the message parameter's
@@ -113,7 +111,6 @@ pub(super) fn expand(x: &Expansion<'_>, name: &Ident) -> TokenStream {
     );
     body.set_span(at);
     quote! {
-        #(#cfgs)*
         #attrs
         #vis #fn_token #name #impl_generics #params #output #where_clause
         #body

@@ -106,15 +106,19 @@ impl<T, E> InTheWay<T, E> {
         rows: Vec<(Uuid, Option<Existing>)>,
         codec: &C,
     ) -> Result<Self, Fallback> {
-        let position: HashMap<Uuid, usize> = to_claim
-            .iter()
-            .map(|&index| (keyed(index).0.as_uuid(), index))
-            .collect();
         let mut in_the_way = InTheWay {
             indices: HashSet::with_capacity(rows.len()),
             failed: Vec::new(),
             decided: Vec::new(),
         };
+        // The common case, a batch of new keys: nothing to look up.
+        if rows.is_empty() {
+            return Ok(in_the_way);
+        }
+        let position: HashMap<Uuid, usize> = to_claim
+            .iter()
+            .map(|&index| (keyed(index).0.as_uuid(), index))
+            .collect();
         for (key, existing) in rows {
             let index = position[&key];
             in_the_way.indices.insert(index);

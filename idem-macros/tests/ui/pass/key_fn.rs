@@ -85,7 +85,8 @@ async fn wrapped<T: Sync>(tx: &mut PgConnection, event: &Tagged<T>) -> Result<()
     Ok(())
 }
 
-/// A `#[cfg]` after the attribute applies to the key function too: `Gone` does not exist.
+/// A `#[cfg]` after the attribute removes the handler before it is expanded, and so its key
+/// function with it: `Gone` does not exist.
 #[idempotent(key = "order_id", scope = "gone")]
 #[cfg(any())]
 async fn gone(tx: &mut PgConnection, event: &Gone) -> Result<(), sqlx::Error> {
