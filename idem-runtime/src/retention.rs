@@ -95,7 +95,7 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 use sqlx::PgConnection;
@@ -126,20 +126,6 @@ pub struct PurgeReport {
     pub dry_run: bool,
     /// How long the cleanup took, in milliseconds.
     pub elapsed_ms: u64,
-}
-
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
-/// The query arguments of the windows: the default, the scopes, their windows.
-fn windows(retention: &Retention) -> (i64, Vec<String>, Vec<i64>) {
-    let (scopes, windows) = retention
-        .scopes
-        .iter()
-        .map(|(scope, window)| (scope.clone(), millis(*window)))
-        .unzip();
-    (millis(retention.window), scopes, windows)
 }
 
 /// `query_canceled`: the statement timeout fired.
@@ -186,12 +172,7 @@ async fn run_batches(
     report: &mut PurgeReport,
 ) -> Result<(), sqlx::Error> {
     let statements = idem.statements();
-    let (default_ms, scopes, windows_ms) = windows(retention);
-    let windows = Windows {
-        default_ms,
-        scopes: &scopes,
-        windows_ms: &windows_ms,
-    };
+    let windows = Windows::of(retention);
     let mut batch_size = retention.batch_size;
     loop {
         if retention
@@ -209,7 +190,7 @@ async fn run_batches(
             return Ok(());
         }
         let rows = statements
-            .delete_expired(&mut tx, windows, batch_size)
+            .delete_expired(&mut tx, &windows, batch_size)
             .await;
         let rows = match rows {
             Ok(rows) => rows,
@@ -253,15 +234,10 @@ pub(crate) async fn dry_run(
     retention: &Retention,
 ) -> Result<PurgeReport, sqlx::Error> {
     let started = Instant::now();
-    let (default_ms, scopes, windows_ms) = windows(retention);
-    let windows = Windows {
-        default_ms,
-        scopes: &scopes,
-        windows_ms: &windows_ms,
-    };
+    let windows = Windows::of(retention);
     let rows = idem
         .statements()
-        .count_expired(idem.pool(), windows)
+        .count_expired(idem.pool(), &windows)
         .await?;
     let mut report = PurgeReport {
         dry_run: true,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Row, Transaction};
 
 use super::{Statements, millis};
+use crate::config::retention::Retention;
 
 /// The SQL of the cleanup of one status table.
 #[derive(Debug)]
@@ -66,13 +67,29 @@ fn lock_name(schema: &str) -> String {
     format!("idem retention {schema}.idem_keys")
 }
 
-/// The windows of a cleanup: the default one, and the scopes with a window of their own,
-/// in milliseconds.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Windows<'a> {
-    pub default_ms: i64,
-    pub scopes: &'a [String],
-    pub windows_ms: &'a [i64],
+/// The windows of a cleanup as its statements take them: the default one, and the scopes
+/// with a window of their own, in milliseconds.
+#[derive(Debug, Clone)]
+pub(crate) struct Windows {
+    default_ms: i64,
+    scopes: Vec<String>,
+    windows_ms: Vec<i64>,
+}
+
+impl Windows {
+    /// The windows of `retention`.
+    pub(crate) fn of(retention: &Retention) -> Self {
+        let (scopes, windows_ms) = retention
+            .scopes
+            .iter()
+            .map(|(scope, window)| (scope.clone(), millis(*window)))
+            .unzip();
+        Windows {
+            default_ms: millis(retention.window),
+            scopes,
+            windows_ms,
+        }
+    }
 }
 
 impl Statements {
@@ -135,15 +152,15 @@ impl Statements {
     pub(crate) async fn delete_expired(
         &self,
         conn: &mut PgConnection,
-        windows: Windows<'_>,
+        windows: &Windows,
         batch_size: u32,
     ) -> Result<Vec<(String, i64)>, sqlx::Error> {
         self.query(
             &self.retention.delete_batch,
             &[
                 windows.default_ms.into(),
-                windows.scopes.into(),
-                windows.windows_ms.into(),
+                windows.scopes.as_slice().into(),
+                windows.windows_ms.as_slice().into(),
                 i64::from(batch_size).into(),
             ],
         )
@@ -155,14 +172,14 @@ impl Statements {
     pub(crate) async fn count_expired(
         &self,
         pool: &PgPool,
-        windows: Windows<'_>,
+        windows: &Windows,
     ) -> Result<Vec<(String, i64)>, sqlx::Error> {
         self.query(
             &self.retention.count,
             &[
                 windows.default_ms.into(),
-                windows.scopes.into(),
-                windows.windows_ms.into(),
+                windows.scopes.as_slice().into(),
+                windows.windows_ms.as_slice().into(),
             ],
         )
         .fetch_all_as(pool)
