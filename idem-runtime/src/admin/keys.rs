@@ -1,13 +1,11 @@
 //! Rows of the status table, and the bulk retry and release of `failed` and `parked` keys.
 
-use std::time::Duration;
-
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::AdminError;
 use crate::Idem;
-use crate::store::{KeyChange, KeyRow, Selection, Status};
+use crate::store::{KeyChange, KeyFilter, KeyRow, Status};
 
 /// The row of `key` in `scope`, or [`AdminError::UnknownKey`].
 pub async fn show_key(idem: &Idem, scope: &str, key: Uuid) -> Result<KeyRow, AdminError> {
@@ -18,61 +16,6 @@ pub async fn show_key(idem: &Idem, scope: &str, key: Uuid) -> Result<KeyRow, Adm
             scope: scope.to_owned(),
             key,
         })
-}
-
-/// Which keys a listing or a bulk change is about. Empty fields select everything.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct KeyFilter {
-    /// Only this scope.
-    pub scope: Option<String>,
-    /// Only this key (with `scope`).
-    pub key: Option<Uuid>,
-    /// Only these statuses.
-    pub statuses: Vec<Status>,
-    /// Only keys whose last change is older than this (database clock).
-    pub older_than: Option<Duration>,
-}
-
-impl KeyFilter {
-    /// Every key.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Only the keys of `scope`.
-    pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.scope = Some(scope.into());
-        self
-    }
-
-    /// Only `key` (of the scope given with [`scope`](Self::scope)).
-    pub fn key(mut self, key: Uuid) -> Self {
-        self.key = Some(key);
-        self
-    }
-
-    /// Also keys in `status` (no status given: all of them).
-    pub fn status(mut self, status: Status) -> Self {
-        self.statuses.push(status);
-        self
-    }
-
-    /// Only keys last changed longer ago than `age`.
-    pub fn older_than(mut self, age: Duration) -> Self {
-        self.older_than = Some(age);
-        self
-    }
-
-    /// The filter as the store selects keys.
-    fn selection(&self) -> Selection<'_> {
-        Selection {
-            scope: self.scope.as_deref(),
-            key: self.key,
-            statuses: &self.statuses,
-            older_than: self.older_than,
-        }
-    }
 }
 
 /// Where a page of [`list_keys`] starts: after this key, in `(scope, key)` order.
@@ -121,7 +64,7 @@ pub async fn list_keys(
         .statements()
         .key_rows(
             idem.pool(),
-            &filter.selection(),
+            filter,
             after.map(|cursor| (cursor.scope.as_str(), cursor.key)),
             limit,
         )
@@ -172,7 +115,7 @@ async fn change(
     let mut tx = idem.bounded_transaction().await?;
     let keys = idem
         .statements()
-        .change_keys(&mut tx, &filter.selection(), change, dry_run)
+        .change_keys(&mut tx, &filter, change, dry_run)
         .await?;
     tx.commit().await?;
     if keys.is_empty()

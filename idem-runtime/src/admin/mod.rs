@@ -26,9 +26,9 @@ mod keys;
 mod migrations;
 mod stats;
 
-pub use crate::store::KeyRow;
+pub use crate::store::{KeyFilter, KeyRow};
 pub use fields::{FieldValue, KeyField, key_from_fields};
-pub use keys::{Change, Cursor, KeyFilter, list_keys, release_keys, retry_keys, show_key};
+pub use keys::{Change, Cursor, list_keys, release_keys, retry_keys, show_key};
 pub use migrations::{MigrationState, ensure_migrated, migration_status};
 pub use stats::{OldestLease, ScopeWindow, Stats, StatusCount, stats};
 

@@ -62,25 +62,60 @@ impl<'r> FromRow<'r, PgRow> for KeyRow {
 const COLUMNS: &str = "scope, key, status, attempts, fingerprint, result, last_error, \
                        lease_owner, lease_expires_at, created_at, updated_at";
 
-/// Which keys a listing or a bulk change is about; `None` and empty select everything.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Selection<'a> {
-    pub scope: Option<&'a str>,
+/// Which keys a listing or a bulk change is about. Empty fields select everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyFilter {
+    /// Only this scope.
+    pub scope: Option<String>,
+    /// Only this key (with `scope`).
     pub key: Option<Uuid>,
-    pub statuses: &'a [Status],
-    /// Only keys last changed longer ago than this (database clock).
+    /// Only these statuses.
+    pub statuses: Vec<Status>,
+    /// Only keys whose last change is older than this (database clock).
     pub older_than: Option<Duration>,
 }
 
-/// The `WHERE` clause of a [`Selection`] over `$1` scope, `$2` key, `$3` statuses, `$4`
+impl KeyFilter {
+    /// Every key.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only the keys of `scope`.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = Some(scope.into());
+        self
+    }
+
+    /// Only `key` (of the scope given with [`scope`](Self::scope)).
+    pub fn key(mut self, key: Uuid) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// Also keys in `status` (no status given: all of them).
+    pub fn status(mut self, status: Status) -> Self {
+        self.statuses.push(status);
+        self
+    }
+
+    /// Only keys last changed longer ago than `age`.
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+}
+
+/// The `WHERE` clause of a [`KeyFilter`] over `$1` scope, `$2` key, `$3` statuses, `$4`
 /// age in ms.
 const SELECTION: &str = "($1::text IS NULL OR scope = $1) \
      AND ($2::uuid IS NULL OR key = $2) \
      AND (cardinality($3::text[]) = 0 OR status = ANY($3)) \
      AND ($4::bigint IS NULL OR updated_at < now() - $4 * interval '1 millisecond')";
 
-impl Selection<'_> {
-    fn statuses(&self) -> Vec<String> {
+impl KeyFilter {
+    fn status_texts(&self) -> Vec<String> {
         self.statuses
             .iter()
             .map(|status| status.as_str().to_owned())
@@ -88,10 +123,10 @@ impl Selection<'_> {
     }
 
     /// The values of [`SELECTION`]'s parameters `$1` to `$4`; `statuses` is
-    /// [`statuses`](Self::statuses).
+    /// [`status_texts`](Self::status_texts).
     fn values<'a>(&'a self, statuses: &'a [String]) -> [Value<'a>; 4] {
         [
-            self.scope.into(),
+            self.scope.as_deref().into(),
             self.key.into(),
             statuses.into(),
             self.older_than.map(millis).into(),
@@ -129,7 +164,7 @@ impl Statements {
     pub(crate) async fn key_rows(
         &self,
         pool: &PgPool,
-        selection: &Selection<'_>,
+        selection: &KeyFilter,
         after: Option<(&str, Uuid)>,
         limit: u32,
     ) -> Result<Vec<KeyRow>, sqlx::Error> {
@@ -139,7 +174,7 @@ impl Statements {
              ORDER BY scope, key LIMIT $7",
             self.table,
         );
-        let statuses = selection.statuses();
+        let statuses = selection.status_texts();
         let (after_scope, after_key) = after.unzip();
         self.query(
             &statement,
@@ -162,7 +197,7 @@ impl Statements {
     pub(crate) async fn change_keys(
         &self,
         conn: &mut PgConnection,
-        selection: &Selection<'_>,
+        selection: &KeyFilter,
         change: KeyChange,
         dry_run: bool,
     ) -> Result<Vec<KeyRow>, sqlx::Error> {
@@ -186,7 +221,7 @@ impl Statements {
                                  WHERE changed.scope = chosen.scope AND changed.key = chosen.key) \
              ORDER BY scope, key"
         );
-        let statuses = selection.statuses();
+        let statuses = selection.status_texts();
         self.query(
             &statement,
             &[&selection.values(&statuses)[..], &[dry_run.into()]].concat(),

@@ -27,8 +27,8 @@ mod sql;
 #[cfg(feature = "testing")]
 mod testing;
 
-pub use admin::KeyRow;
-pub(crate) use admin::{KeyChange, Selection};
+pub(crate) use admin::KeyChange;
+pub use admin::{KeyFilter, KeyRow};
 pub(crate) use delivery::{Claim, ClaimedKey};
 pub(crate) use grants::consumer_grants;
 pub(crate) use lease::LeaseClaim;
