@@ -124,20 +124,35 @@ impl Output {
     pub fn migrations(&self, migrations: &[MigrationState]) {
         if self.json {
             let pending = migrations.iter().filter(|m| !m.applied).count();
-            self.json(&serde_json::json!({ "migrations": migrations, "pending": pending }));
+            let unknown = migrations.iter().filter(|m| !m.known).count();
+            self.json(&serde_json::json!({
+                "migrations": migrations,
+                "pending": pending,
+                "unknown": unknown,
+            }));
             return;
         }
         let rows: Vec<Vec<String>> = migrations
             .iter()
             .map(|m| {
+                let state = match (m.applied, m.known) {
+                    (true, true) => "applied",
+                    (false, _) => "pending",
+                    (true, false) => "applied, unknown",
+                };
                 vec![
                     format!("{:04}", m.version),
-                    if m.applied { "applied" } else { "pending" }.to_owned(),
+                    state.to_owned(),
                     m.description.clone(),
                 ]
             })
             .collect();
         out!("{}", table(&["VERSION", "STATE", "DESCRIPTION"], &rows));
+        if migrations.iter().any(|m| !m.known) {
+            outln!(
+                "applied, unknown: applied by a later release of idem; this one keeps working on them"
+            );
+        }
     }
 
     pub fn key(&self, row: &KeyRow) {

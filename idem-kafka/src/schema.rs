@@ -10,8 +10,12 @@ use crate::error::ConsumerError;
 
 /// The migrations of idem-kafka's tables (`migrations/` of the crate): the offset table
 /// `kafka_offsets` and the dead-letter table `kafka_dead_letters`, created in the current
-/// `search_path`. [`migrate`] applies them in the adapter's schema.
-pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+/// `search_path`. [`migrate`] applies them in the adapter's schema. Like idem-runtime's,
+/// they tolerate migrations newer than this release (a rolling upgrade, a rollback).
+pub static MIGRATOR: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("./migrations")
+};
 
 /// The schema of idem-kafka's tables: `<idem's schema>_kafka` (`idem_kafka` by default),
 /// or the one given to [`ConsumerBuilder::schema`](crate::ConsumerBuilder::schema).

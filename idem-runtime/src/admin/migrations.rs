@@ -15,28 +15,48 @@ pub struct MigrationState {
     pub description: String,
     /// Applied in the schema.
     pub applied: bool,
+    /// Whether this release has it. A migration applied by a later release is not known
+    /// (`applied` and not `known`): this release keeps working on the later schema, which
+    /// only adds to what it uses (a rolling upgrade, a rollback).
+    pub known: bool,
 }
 
 /// The migrations of the status table (from [`MIGRATOR`]) and which of them the configured
-/// schema has. A schema that does not exist has none.
+/// schema has, by version, followed by those that a later release applied and this one
+/// does not know. A schema that does not exist has none.
 pub async fn migration_status(idem: &Idem) -> Result<Vec<MigrationState>, AdminError> {
     let applied = idem
         .statements()
         .applied_migrations(idem.pool(), idem.config().schema())
         .await?;
-    Ok(MIGRATOR
+    let known: Vec<_> = MIGRATOR
         .iter()
         .filter(|migration| !migration.migration_type.is_down_migration())
-        .map(|migration| MigrationState {
-            version: migration.version,
-            description: migration.description.to_string(),
-            applied: applied.contains(&migration.version),
-        })
-        .collect())
+        .collect();
+    let ours = known.iter().map(|migration| MigrationState {
+        version: migration.version,
+        description: migration.description.to_string(),
+        applied: applied
+            .iter()
+            .any(|(version, _)| *version == migration.version),
+        known: true,
+    });
+    let newer = applied
+        .iter()
+        .filter(|(version, _)| !known.iter().any(|m| m.version == *version))
+        .map(|(version, description)| MigrationState {
+            version: *version,
+            description: description.clone(),
+            applied: true,
+            known: false,
+        });
+    let mut states: Vec<_> = ours.chain(newer).collect();
+    states.sort_by_key(|state| state.version);
+    Ok(states)
 }
 
-/// Fails with [`AdminError::NotMigrated`] unless every migration is applied in the
-/// configured schema.
+/// Fails with [`AdminError::NotMigrated`] unless every migration of this release is
+/// applied in the configured schema (migrations of a later release may be applied too).
 pub async fn ensure_migrated(idem: &Idem) -> Result<(), AdminError> {
     let pending = migration_status(idem)
         .await?

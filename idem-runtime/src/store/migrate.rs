@@ -22,7 +22,16 @@ use crate::config::Identifier;
 /// They create the status table `idem_keys`, the scope owners `idem_scopes` and the
 /// cache namespace `idem_instance` in the current
 /// `search_path`; [`Idem::migrate`](crate::Idem::migrate) applies them in the configured schema.
-pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+///
+/// Migrations newer than this release, applied by a later one on the same database, are
+/// tolerated (sqlx's `ignore_missing`): a release keeps working on the schema of the next,
+/// so a consumer group can run both during a rolling upgrade and roll back. Releases only
+/// add migrations, and a migration never drops or changes what the previous release's
+/// statements use (see the README's "Upgrading and changing handlers").
+pub static MIGRATOR: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("./migrations")
+};
 
 /// Creates `schema` if needed and applies `migrator`'s migrations in it, in one
 /// transaction, tracked in the schema's own `_sqlx_migrations` table (the table sqlx's
@@ -181,13 +190,13 @@ async fn run(conn: &mut PgConnection, migration: &Migration) -> Result<(), Migra
 }
 
 impl super::Statements {
-    /// The versions of the migrations applied successfully in `schema` (none where the
-    /// schema or its `_sqlx_migrations` table does not exist).
+    /// The versions and descriptions of the migrations applied successfully in `schema`
+    /// (none where the schema or its `_sqlx_migrations` table does not exist), by version.
     pub(crate) async fn applied_migrations(
         &self,
         pool: &PgPool,
         schema: &Identifier,
-    ) -> Result<Vec<i64>, sqlx::Error> {
+    ) -> Result<Vec<(i64, String)>, sqlx::Error> {
         let tracked: Option<String> = self
             .query(
                 "SELECT to_regclass(format('%I._sqlx_migrations', $1::text))::text",
@@ -199,12 +208,15 @@ impl super::Statements {
         let Some(table) = tracked else {
             return Ok(Vec::new());
         };
-        self.query(&format!("SELECT version FROM {table} WHERE success"), &[])
-            .fetch_all(pool)
-            .await?
-            .iter()
-            .map(|row| row.try_get(0))
-            .collect()
+        self.query(
+            &format!("SELECT version, description FROM {table} WHERE success ORDER BY version"),
+            &[],
+        )
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect()
     }
 }
 

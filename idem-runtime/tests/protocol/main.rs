@@ -35,6 +35,7 @@ mod lease_payload_mismatch_is_rejected;
 mod lease_stale_worker_is_fenced_off;
 mod lease_success_is_recorded_and_replayed;
 mod least_privilege_consumer_role;
+mod migrations_of_a_later_release_are_tolerated;
 mod missing_key_value_is_rejected;
 mod no_silent_loss;
 mod parked_after_max_attempts;
