@@ -44,6 +44,7 @@ pub(crate) fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
             .push(parse_quote!(for<'__idem_newtype> #ty: #private::SoleKeyPart));
     }
     let sole_where_clause = &sole_generics.where_clause;
+    let shape = shape_body(&private, &input.data);
     Ok(quote! {
         impl #impl_generics #private::KeyPart for #ident #type_generics #where_clause {
             fn encode_key_part(
@@ -54,7 +55,56 @@ pub(crate) fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
             }
         }
         impl #impl_generics #private::SoleKeyPart for #ident #type_generics #sole_where_clause {}
+        impl #impl_generics #private::KeyPartShape for #ident #type_generics #where_clause {
+            fn key_shape(shape: &mut ::std::string::String) {
+                #shape
+            }
+        }
     })
+}
+
+/// The shape of the type's encoding (see the runtime's `key::shape`): a struct's one
+/// field's, `l(...)` of several fields' shapes, `s` for an enum of unit variants (its
+/// variant's name) and `e` for an enum with a variant that has fields.
+fn shape_body(private: &TokenStream, data: &Data) -> TokenStream {
+    let field_shape = |ty: &syn::Type| {
+        quote! {{
+            #[allow(unused_imports)]
+            use #private::{ShapeKnown as _, ShapeUnknown as _};
+            (&&#private::ShapeOfType::<#ty>::new()).shape_of()(shape);
+        }}
+    };
+    match data {
+        Data::Struct(data) if data.fields.len() == 1 => {
+            let field = data
+                .fields
+                .iter()
+                .next()
+                .map(|field| field_shape(&field.ty));
+            quote!(#field)
+        }
+        Data::Struct(data) => {
+            let fields = data.fields.iter().enumerate().map(|(index, field)| {
+                let shape = field_shape(&field.ty);
+                let comma = (index > 0).then(|| quote!(shape.push(',');));
+                quote!(#comma #shape)
+            });
+            quote! {
+                shape.push_str("l(");
+                #(#fields)*
+                shape.push(')');
+            }
+        }
+        Data::Enum(data)
+            if data
+                .variants
+                .iter()
+                .all(|variant| variant.fields.is_empty()) =>
+        {
+            quote!(shape.push('s');)
+        }
+        Data::Enum(_) | Data::Union(_) => quote!(shape.push('e');),
+    }
 }
 
 /// The encoding of a struct: its one field, or the list of its fields.

@@ -36,6 +36,9 @@ pub struct HandlerSpec {
     /// delete them (`retention = "30d"`), instead of the cleanup's default window: see
     /// [`retention`](crate::retention).
     pub retention: Option<Duration>,
+    /// Whether the scope is the default one (the handler's module path and name), which
+    /// renaming or moving the handler changes: see [`scope`](crate::scope).
+    pub default_scope: bool,
 }
 
 impl HandlerSpec {
@@ -49,7 +52,14 @@ impl HandlerSpec {
             shared_scope: false,
             declared_in: None,
             retention: None,
+            default_scope: false,
         }
+    }
+
+    /// The scope is the default one, derived from the handler's module path and name.
+    pub const fn default_scope(mut self) -> Self {
+        self.default_scope = true;
+        self
     }
 
     /// Failed attempts before the key is parked, instead of the handle's setting.

@@ -281,6 +281,7 @@ pub mod migrations;
 mod outcome;
 mod private;
 pub mod privileges;
+mod registry;
 pub mod retention;
 mod runtime;
 pub mod scope;

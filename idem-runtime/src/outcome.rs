@@ -142,6 +142,20 @@ pub enum Error<E> {
     /// `scope`, or declare `shared_scope = true` on both when that is intended.
     #[error("scope conflict: {0}")]
     ScopeConflict(#[source] ScopeConflict),
+    /// The handler derives its keys otherwise than its scope's keys were derived (a key
+    /// field added, removed, reordered, renamed or of a type that encodes otherwise; the
+    /// payload fingerprint's fields changed): every fact delivered again would run again.
+    /// Refused at the handler's first delivery, before anything was claimed; the message
+    /// names both definitions and the ways out (see [`KeyChanged`]).
+    #[error("key definition changed: {0}")]
+    KeyChanged(#[source] KeyChanged),
+    /// A handler without `scope` finds no keys under its default scope, while a scope of
+    /// its crate with the same message type and key has keys and no handler in the
+    /// binary: it is that scope's handler renamed or moved, and would run every fact
+    /// again. Nothing was claimed or run; the message names the old scope and the fix
+    /// (see [`HandlerMoved`]).
+    #[error("handler moved: {0}")]
+    HandlerMoved(#[source] HandlerMoved),
 }
 
 impl<E> Error<E> {
@@ -155,7 +169,9 @@ impl<E> Error<E> {
             | Error::StoredResult { .. }
             | Error::ResultEncoding(_)
             | Error::TransactionEnded { .. } => Disposition::DeadLetter,
-            Error::ScopeConflict(_) => Disposition::Halt,
+            Error::ScopeConflict(_) | Error::KeyChanged(_) | Error::HandlerMoved(_) => {
+                Disposition::Halt
+            }
             Error::Handler { parked: false, .. }
             | Error::InProgress { .. }
             | Error::LeaseLost { .. }
@@ -189,6 +205,74 @@ impl ScopeConflict {
     /// The scope both handlers use.
     pub fn scope(&self) -> &str {
         &self.scope
+    }
+}
+
+/// A handler's key definition differs from the one its scope recorded (see
+/// [`Error::KeyChanged`] and [`scope`](crate::scope)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct KeyChanged {
+    scope: String,
+    recorded: String,
+    current: String,
+    message: String,
+}
+
+impl KeyChanged {
+    pub(crate) fn new(scope: &str, recorded: &str, current: &str, message: String) -> Self {
+        KeyChanged {
+            scope: scope.to_owned(),
+            recorded: recorded.to_owned(),
+            current: current.to_owned(),
+            message,
+        }
+    }
+
+    /// The handler's scope.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The definition the scope's keys were derived with, as recorded
+    /// (`idem:v1 key(order_id s) ...`).
+    pub fn recorded(&self) -> &str {
+        &self.recorded
+    }
+
+    /// The definition this build of the handler derives its keys with.
+    pub fn current(&self) -> &str {
+        &self.current
+    }
+}
+
+/// A handler without `scope` was renamed or moved away from the scope that holds its keys
+/// (see [`Error::HandlerMoved`] and [`scope`](crate::scope)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct HandlerMoved {
+    scope: String,
+    previous_scope: String,
+    message: String,
+}
+
+impl HandlerMoved {
+    pub(crate) fn new(scope: &str, previous_scope: &str, message: String) -> Self {
+        HandlerMoved {
+            scope: scope.to_owned(),
+            previous_scope: previous_scope.to_owned(),
+            message,
+        }
+    }
+
+    /// The handler's default scope in this build.
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
+    /// The scope that holds its keys: `#[idempotent(scope = "<this>")]` keeps them.
+    pub fn previous_scope(&self) -> &str {
+        &self.previous_scope
     }
 }
 

@@ -8,13 +8,23 @@ pub use crate::batch::protocol::{run_batch, run_batch_handler};
 pub use crate::handler::{
     CacheSwitch, CacheTtlMillis, HandlerSpec, JsonResult, NoResult, clone_for_run, handler_cache,
 };
-pub use crate::key::handler_key::{HandlerKey, handler_key};
+pub use crate::key::definition::{DefinedPart, KeyLayout};
+pub use crate::key::handler_key::{HandlerKey, MessageKeys, handler_key};
+pub use crate::key::shape::{KeyPartShape, ShapeKnown, ShapeOfType, ShapeProbe, ShapeUnknown};
 pub use crate::key::{KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart};
 pub use crate::lease::Lease;
 pub use crate::lease::protocol::run_lease;
+pub use crate::registry::RegisteredHandler;
 pub use crate::transactional::run_transactional;
 pub use crate::{Error, Handled, HandlerResult, Idem, IdempotencyKey, Outcome};
+pub use inventory;
 pub use sqlx::PgConnection;
+
+/// The type name of a message, for its handler's [`KeyLayout`]: the function that names
+/// the type of `message`.
+pub fn message_type_of<M: ?Sized>(_: &M) -> fn() -> &'static str {
+    core::any::type_name::<M>
+}
 
 /// Fixes the output type of the handler's body, so that `?` in it converts errors.
 pub fn handler_body<R, F: core::future::Future<Output = R>>(body: F) -> F {

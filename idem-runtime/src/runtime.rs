@@ -16,6 +16,7 @@ use crate::faults::FaultSlot;
 use crate::handler::{CachePolicy, HandlerSpec, ResultCodec};
 use crate::inflight::InFlight;
 use crate::key::IdempotencyKey;
+use crate::key::definition::KeyLayout;
 use crate::key_transaction::KeyTransaction;
 use crate::outcome::Outcome;
 use crate::scope::Scopes;
@@ -120,15 +121,17 @@ impl Idem {
         &self.inner.duplicate_rates
     }
 
-    /// Refuses a handler whose scope another handler owns (see [`crate::scope`]).
+    /// Refuses a handler whose scope another handler owns, whose key differs from the
+    /// scope's, or that was renamed or moved away from its keys (see [`crate::scope`]).
     pub(crate) async fn check_scope(
         &self,
         spec: &HandlerSpec,
         identity: &'static str,
+        layout: &KeyLayout<'_>,
     ) -> Result<(), crate::scope::Error> {
         self.inner
             .scopes
-            .check(self.pool(), self.statements(), spec, identity)
+            .check(self.pool(), self.statements(), spec, identity, layout)
             .await
     }
 

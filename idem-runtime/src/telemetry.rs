@@ -6,7 +6,7 @@
 //!
 //! | metric | kind | labels | what |
 //! |---|---|---|---|
-//! | `idem_handlings_total` | counter | `scope`, `mode`, `outcome` | deliveries by outcome: `executed`, `duplicate`, `failed`, `parked`, `in_progress`, `mismatch`, `key_error`, `lease_lost`, `transaction_ended`, `scope_conflict`, `error` |
+//! | `idem_handlings_total` | counter | `scope`, `mode`, `outcome` | deliveries by outcome: `executed`, `duplicate`, `failed`, `parked`, `in_progress`, `mismatch`, `key_error`, `lease_lost`, `transaction_ended`, `scope_conflict`, `key_changed`, `handler_moved`, `error` |
 //! | `idem_claim_duration_seconds` | histogram | `scope`, `mode` | the claim: from `BEGIN` to the decision (run the body, or not) |
 //! | `idem_handler_duration_seconds` | histogram | `scope`, `mode` | the handler's body |
 //! | `idem_cache_lookups_total` | counter | `result` | Redis look-ups: `hit`, `miss`, `error`, `skipped`, `forged` |
@@ -67,6 +67,8 @@ pub(crate) fn outcome_label<T, E>(result: &Result<Outcome<T>, Error<E>>) -> &'st
         Err(Error::LeaseLost { .. }) => "lease_lost",
         Err(Error::TransactionEnded { .. }) => "transaction_ended",
         Err(Error::ScopeConflict(_)) => "scope_conflict",
+        Err(Error::KeyChanged(_)) => "key_changed",
+        Err(Error::HandlerMoved(_)) => "handler_moved",
         Err(_) => "error",
     }
 }

@@ -1,8 +1,9 @@
 //! The checks between arguments, each recording what is wrong in `Args::errors`: `lease`
 //! without the lease mode, `batch` in lease mode, `cache_ttl` with `cache = false`,
-//! `shared_scope` without `scope`, and what a batch handler does not take.
+//! `shared_scope` without `scope`, `previous_key` in lease mode or equal to `key`, and
+//! what a batch handler does not take.
 
-use super::{Args, CacheArg, Mode};
+use super::{Args, CacheArg, FieldList, Mode};
 
 impl Args {
     /// The handler's mode; records an error for a `lease` without `mode = "lease"`.
@@ -78,6 +79,37 @@ impl Args {
             (_, Some((millis, literal))) => Some(CacheArg::Ttl(*millis, literal.span())),
             (Some(flag), None) => Some(CacheArg::Switch(flag.value, flag.span)),
             (None, None) => None,
+        }
+    }
+
+    /// The previous key's fields, for a transaction-mode handler; records an error for
+    /// `previous_key` in lease mode, and for one that names the key's own fields.
+    pub(crate) fn check_previous_key(&mut self, mode: Mode) {
+        let Some(previous) = &self.previous_key else {
+            return;
+        };
+        if mode == Mode::Lease {
+            self.errors.push(syn::Error::new(
+                previous.span,
+                "`previous_key` applies to transaction-mode handlers only: a lease is committed on its own, so the keys of two definitions cannot be claimed together; keep the key, or give the changed handler a `scope` of its own",
+            ));
+            return;
+        }
+        let texts = |list: &FieldList| {
+            list.paths
+                .iter()
+                .map(|path| path.text.clone())
+                .collect::<Vec<_>>()
+        };
+        if self
+            .key
+            .as_ref()
+            .is_some_and(|key| texts(key) == texts(previous))
+        {
+            self.errors.push(syn::Error::new(
+                previous.span,
+                "`previous_key` names the same fields as `key`: it declares the fields the keys were derived from before `key` changed; remove it, or name the old fields",
+            ));
         }
     }
 

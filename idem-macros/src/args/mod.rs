@@ -17,7 +17,7 @@ use syn::{Ident, LitBool, LitInt, LitStr, Path};
 pub(crate) use fields::{FieldList, FieldPath};
 
 /// Every argument the attribute accepts, for the "unknown argument" message.
-const VALID: &str = "`key`, `scope`, `shared_scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `retention`, `key_fn`, `crate`";
+const VALID: &str = "`key`, `previous_key`, `scope`, `shared_scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `retention`, `key_fn`, `crate`";
 
 /// The longest scope, in bytes, and the character a scope cannot hold: the limits that
 /// the runtime checks at a handler's first run (`idem_runtime::scope`), here at compile
@@ -58,6 +58,8 @@ pub(crate) enum CacheArg {
 #[derive(Default)]
 pub(crate) struct Args {
     pub(crate) key: Option<FieldList>,
+    /// `previous_key = "..."`: the fields the scope's keys were derived from before `key`.
+    pub(crate) previous_key: Option<FieldList>,
     pub(crate) scope: Option<LitStr>,
     /// `shared_scope = true`: other handlers may use the same (explicit) scope.
     pub(crate) shared_scope: Option<LitBool>,
@@ -111,7 +113,7 @@ impl Args {
         };
         let span = meta.path.segments[0].ident.span();
         match name.as_str() {
-            "key" | "fingerprint" => self.parse_fields(meta, &name, span),
+            "key" | "previous_key" | "fingerprint" => self.parse_fields(meta, &name, span),
             "shared_scope" | "batch" | "store_result" | "cache" => {
                 self.parse_flag(meta, &name, span)
             }
@@ -133,7 +135,7 @@ impl Args {
         }
     }
 
-    /// `key` or `fingerprint`: a list of the message's fields.
+    /// `key`, `previous_key` or `fingerprint`: a list of the message's fields.
     fn parse_fields(
         &mut self,
         meta: &ParseNestedMeta<'_>,
@@ -143,6 +145,7 @@ impl Args {
         let list = fields::field_list(meta, name, &mut self.errors)?;
         let slot = match name {
             "key" => &mut self.key,
+            "previous_key" => &mut self.previous_key,
             _ => &mut self.fingerprint,
         };
         set(slot, list, span, name, &mut self.errors);

@@ -15,8 +15,13 @@ pub(super) fn expand(x: &Expansion<'_>, element: &Type) -> TokenStream {
     } = x.item;
     let (private, idem, spec) = (&x.private, &x.idem, &x.spec.ident);
     let output = x.output();
-    let [messages, new, transaction] = ["messages", "__idem_new_messages", "__idem_transaction"]
-        .map(|name| Ident::new(name, Span::mixed_site()));
+    let [messages, new, transaction, layout] = [
+        "messages",
+        "__idem_new_messages",
+        "__idem_transaction",
+        "__idem_layout",
+    ]
+    .map(|name| Ident::new(name, Span::mixed_site()));
     let message_pat = &x.handler.message_param.pat;
     let inputs = sig.inputs.iter().map(|input| match input {
         FnArg::Typed(typed) if x.is_context(typed) => x.idem_param(),
@@ -33,9 +38,13 @@ pub(super) fn expand(x: &Expansion<'_>, element: &Type) -> TokenStream {
     });
     let derive = x.key.closure(private, &x.handler.message);
     let body = x.body_in(&transaction, quote!(let #message_pat: &[&_] = &#new;));
+    let layout_items = x
+        .key
+        .layout(private, &x.handler.message, Some(&messages), &layout);
     let run_args = quote! {
         #idem,
         &#spec,
+        &#layout,
         #messages,
         #derive,
         move |mut #transaction, #new| {
@@ -51,12 +60,14 @@ pub(super) fn expand(x: &Expansion<'_>, element: &Type) -> TokenStream {
         inputs,
         quote!(::std::vec::Vec<#private::Handled<#output>>),
     );
-    let spec_item = &x.spec.item;
+    let (spec_item, register) = (&x.spec.item, &x.spec.register);
     quote! {
         #(#attrs)*
         #vis #signature
         {
+            #register
             #spec_item
+            #layout_items
             #call
         }
     }

@@ -18,6 +18,7 @@ pub(super) fn expand(x: &Expansion<'_>) -> TokenStream {
     let message = &x.handler.message;
     let messages = Ident::new("messages", Span::mixed_site());
     let transaction = Ident::new("__idem_transaction", Span::mixed_site());
+    let layout = Ident::new("__idem_layout", Span::mixed_site());
     let message_ty = unreferenced(&x.handler.message_param.ty);
     let inputs = sig.inputs.iter().map(|input| match input {
         FnArg::Typed(typed) if x.is_context(typed) => x.idem_param(),
@@ -38,9 +39,11 @@ pub(super) fn expand(x: &Expansion<'_>) -> TokenStream {
     );
     let derive = x.key.closure(private, message);
     let body = x.body_in(&transaction, TokenStream::new());
+    let layout_items = x.key.layout(private, message, Some(&messages), &layout);
     let run_batch_args = quote! {
         #idem,
         &#spec,
+        &#layout,
         #messages,
         #derive,
         #codec,
@@ -60,6 +63,7 @@ pub(super) fn expand(x: &Expansion<'_>) -> TokenStream {
         #vis #signature
         {
             #spec_item
+            #layout_items
             #run_batch_call
         }
     }

@@ -61,7 +61,13 @@ impl<'a> Expansion<'a> {
         Expansion {
             item,
             spec: Spec::new(args, item, &private, cache, shared_scope),
-            key: KeyDerivation::new(&private, &handler.message, key, args.fingerprint.as_ref()),
+            key: KeyDerivation::new(
+                &private,
+                &handler.message,
+                key,
+                args.fingerprint.as_ref(),
+                args.previous_key.as_ref(),
+            ),
             codec: respan(&codec, first),
             handler,
             krate,

@@ -1,6 +1,8 @@
 //! The derivation of a message's key and payload fingerprint, as generated code writes
 //! it: `KeyBuilder::new().part("a", &message.a)?...`, each part spanned on the field that
-//! names it, and the compile-time check that the key is not made of timestamps alone.
+//! names it, the key under the previous definition (`previous_key`), the compile-time
+//! check that the key is not made of timestamps alone, and the key's layout (its field
+//! paths and each part's shape), which the runtime records with the scope.
 
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
@@ -20,6 +22,15 @@ pub(super) struct KeyDerivation {
     pub(super) key: TokenStream,
     /// `Option<[u8; 32]>`: the fingerprint's digest, or `None` without `fingerprint`.
     pub(super) fingerprint: TokenStream,
+    /// `Option<IdempotencyKey>`: the key under the previous definition, or `None` without
+    /// `previous_key` (or when the message has no value for it).
+    pub(super) previous: TokenStream,
+    /// The arrays of the layout's parts and the message type, from the message bound to
+    /// the derivation's name: `([DefinedPart; K], [DefinedPart; F], [DefinedPart; P], fn)`.
+    layout_parts: TokenStream,
+    /// Whether the handler declares a fingerprint and a previous key.
+    has_fingerprint: bool,
+    has_previous: bool,
 }
 
 impl KeyDerivation {
@@ -28,33 +39,111 @@ impl KeyDerivation {
         message: &Ident,
         key: &FieldList,
         fingerprint: Option<&FieldList>,
+        previous_key: Option<&FieldList>,
     ) -> Self {
-        let fingerprint = match fingerprint {
+        let fingerprint_digest = match fingerprint {
             Some(list) => {
                 let builder = builder(private, message, list, Built::Fingerprint);
                 quote!(::core::option::Option::Some(#builder.digest()))
             }
             None => quote!(::core::option::Option::None),
         };
+        // A message without a value for the previous key (a field that became optional)
+        // cannot have succeeded under it: it has no previous key.
+        let previous = match previous_key {
+            Some(list) => {
+                let builder = builder(private, message, list, Built::Key);
+                quote! {
+                    (|| -> ::core::result::Result<_, #private::KeyError> {
+                        ::core::result::Result::Ok(#builder.finish())
+                    })().ok()
+                }
+            }
+            None => quote!(::core::option::Option::None),
+        };
+        let parts = |list: Option<&FieldList>| layout_array(private, message, list);
+        let (key_parts, fingerprint_parts, previous_parts) =
+            (parts(Some(key)), parts(fingerprint), parts(previous_key));
         KeyDerivation {
             identifies: identifies_check(private, message, key),
             key: builder(private, message, key, Built::Key),
-            fingerprint,
+            fingerprint: fingerprint_digest,
+            previous,
+            layout_parts: quote! {
+                (#key_parts, #fingerprint_parts, #previous_parts, #private::message_type_of(&#message))
+            },
+            has_fingerprint: fingerprint.is_some(),
+            has_previous: previous_key.is_some(),
         }
     }
 
-    /// `|message| -> Result<(IdempotencyKey, Option<[u8; 32]>), KeyError>`, for the
-    /// runners of batches.
-    pub(super) fn closure(&self, private: &TokenStream, message: &Ident) -> TokenStream {
+    /// `MessageKeys { key, fingerprint, previous }` of the message bound to the
+    /// derivation's name; `?` on a `KeyError`.
+    pub(super) fn message_keys(&self, private: &TokenStream) -> TokenStream {
         let KeyDerivation {
-            identifies,
             key,
             fingerprint,
+            previous,
+            ..
         } = self;
+        quote! {
+            #private::MessageKeys {
+                key: #key.finish(),
+                fingerprint: #fingerprint,
+                previous: #previous,
+            }
+        }
+    }
+
+    /// The statements that bind `layout` to the handler's `KeyLayout`, from the message
+    /// bound to the derivation's name (`one_of`: `None`) or from the first message of the
+    /// slice `one_of` (returning no outcomes from the generated function for an empty one).
+    pub(super) fn layout(
+        &self,
+        private: &TokenStream,
+        message: &Ident,
+        one_of: Option<&Ident>,
+        layout: &Ident,
+    ) -> TokenStream {
+        let parts = Ident::new("__idem_layout_parts", proc_macro2::Span::mixed_site());
+        let layout_parts = &self.layout_parts;
+        let bind = match one_of {
+            None => quote!(let #parts = #layout_parts;),
+            Some(messages) => quote! {
+                let #parts = match #messages.first() {
+                    ::core::option::Option::Some(#message) => #layout_parts,
+                    ::core::option::Option::None => return ::std::vec::Vec::new(),
+                };
+            },
+        };
+        let some = |present: bool, index: syn::Index| {
+            if present {
+                quote!(::core::option::Option::Some(&#parts.#index))
+            } else {
+                quote!(::core::option::Option::None)
+            }
+        };
+        let fingerprint = some(self.has_fingerprint, syn::Index::from(1));
+        let previous = some(self.has_previous, syn::Index::from(2));
+        quote! {
+            #bind
+            let #layout = #private::KeyLayout {
+                key: &#parts.0,
+                fingerprint: #fingerprint,
+                previous_key: #previous,
+                message_type: #parts.3,
+            };
+        }
+    }
+
+    /// `|message| -> Result<MessageKeys, KeyError>`, for the runners of batches.
+    pub(super) fn closure(&self, private: &TokenStream, message: &Ident) -> TokenStream {
+        let identifies = &self.identifies;
+        let keys = self.message_keys(private);
         quote! {
             |#message| -> ::core::result::Result<_, #private::KeyError> {
                 #identifies
-                ::core::result::Result::Ok((#key.finish(), #fingerprint))
+                ::core::result::Result::Ok(#keys)
             }
         }
     }
@@ -83,6 +172,30 @@ fn builder(private: &TokenStream, message: &Ident, list: &FieldList, built: Buil
         quote_spanned!(span=> .part(#text, #field)?)
     });
     quote!(#start #(#parts)*)
+}
+
+/// `[(path, shape), ...]`: the parts of a key, fingerprint or previous key as the layout
+/// describes them, each part's shape found from its field's type (see the runtime's
+/// `ShapeProbe`); `[]` for a list the handler does not declare.
+fn layout_array(private: &TokenStream, message: &Ident, list: Option<&FieldList>) -> TokenStream {
+    let paths = list.map_or(&[][..], |list| list.paths.as_slice());
+    let count = paths.len();
+    let parts = paths.iter().map(|path| {
+        let text = &path.text;
+        let field = field_access(message, path);
+        quote! {
+            (#text, {
+                #[allow(unused_imports)]
+                use #private::{ShapeKnown as _, ShapeUnknown as _};
+                (&&#private::ShapeProbe(#field)).shape_of()
+            })
+        }
+    });
+    let local = Ident::new("__idem_parts", proc_macro2::Span::mixed_site());
+    quote!({
+        let #local: [#private::DefinedPart; #count] = [#(#parts),*];
+        #local
+    })
 }
 
 /// The check that the key has a field that is not only a timestamp (see

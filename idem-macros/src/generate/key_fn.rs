@@ -100,13 +100,13 @@ pub(super) fn expand(x: &Expansion<'_>, name: &Ident) -> TokenStream {
     );
     let attrs = respan(&quote!(#[doc = #doc] #[allow(dead_code)]), at);
     let (scope, identifies) = (&x.spec.scope, &x.key.identifies);
-    let (key, fingerprint) = (&x.key.key, &x.key.fingerprint);
+    let keys = x.key.message_keys(private);
     let mut body = Group::new(
         Delimiter::Brace,
         quote! {
             #bind
             #identifies
-            ::core::result::Result::Ok(#private::handler_key(#scope, #key.finish(), #fingerprint))
+            ::core::result::Result::Ok(#private::handler_key(#scope, #keys))
         },
     );
     body.set_span(at);

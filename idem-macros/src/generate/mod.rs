@@ -35,6 +35,7 @@ pub(crate) fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<s
     let batch = args.batch(mode);
     let cache = args.cache();
     let shared_scope = args.shared_scope();
+    args.check_previous_key(mode);
     let key_fn_name = key_fn::name(&mut args, item, batch);
     let handler = validate(&mut args, item, mode)?;
     let batch_of = handler.batch_of;

@@ -27,34 +27,37 @@ pub(super) fn expand(x: &Expansion<'_>, mode: Mode) -> TokenStream {
     });
     let signature = x.signature(&sig.ident, inputs, quote!(#private::Handled<#output>));
     // Locals of the generated code, invisible to the user's body.
-    let [derived, key, fingerprint, error] = [
+    let [derived, keys, layout, error] = [
         "__idem_derived",
-        "__idem_key",
-        "__idem_fingerprint",
+        "__idem_keys",
+        "__idem_layout",
         "__idem_error",
     ]
     .map(|name| Ident::new(name, Span::mixed_site()));
     let call = match mode {
-        Mode::Transaction => transactional_call(x, &key, &fingerprint),
-        Mode::Lease => lease_call(x, &key, &fingerprint),
+        Mode::Transaction => transactional_call(x, &layout, &keys),
+        Mode::Lease => lease_call(x, &layout, &keys),
     };
-    let (spec_item, identifies) = (&x.spec.item, &x.key.identifies);
-    let (key_builder, fingerprint_expr) = (&x.key.key, &x.key.fingerprint);
+    let (spec_item, register, identifies) = (&x.spec.item, &x.spec.register, &x.key.identifies);
+    let message_keys = x.key.message_keys(private);
+    let layout_items = x.key.layout(private, &x.handler.message, None, &layout);
     quote! {
         #(#attrs)*
         #vis #signature
         {
+            #register
             #spec_item
             #identifies
             let #derived = (|| -> ::core::result::Result<_, #private::KeyError> {
-                ::core::result::Result::Ok((#key_builder.finish(), #fingerprint_expr))
+                ::core::result::Result::Ok(#message_keys)
             })();
-            let (#key, #fingerprint) = match #derived {
+            let #keys = match #derived {
                 ::core::result::Result::Ok(#derived) => #derived,
                 ::core::result::Result::Err(#error) => {
                     return ::core::result::Result::Err(#private::Error::Key(#error));
                 }
             };
+            #layout_items
             #call
         }
     }
@@ -63,7 +66,7 @@ pub(super) fn expand(x: &Expansion<'_>, mode: Mode) -> TokenStream {
 /// The call of `run_transactional` (see `call_runner`). The body may
 /// run again after a transient failure: each run gets its own clone of the owned
 /// parameters, which it may move out of.
-fn transactional_call(x: &Expansion<'_>, key: &Ident, fingerprint: &Ident) -> TokenStream {
+fn transactional_call(x: &Expansion<'_>, layout: &Ident, keys: &Ident) -> TokenStream {
     let private = &x.private;
     let transaction = Ident::new("__idem_transaction", Span::mixed_site());
     let clone_owned = x.item.sig.inputs.iter().filter_map(|input| match input {
@@ -80,12 +83,12 @@ fn transactional_call(x: &Expansion<'_>, key: &Ident, fingerprint: &Ident) -> To
         }
     };
     let runner = quote!(#private::run_transactional);
-    call_runner(x, &runner, key, fingerprint, closure)
+    call_runner(x, &runner, layout, keys, closure)
 }
 
 /// The call of `run_lease` (see `call_runner`). A lease body runs once
 /// and takes the parameters as they are.
-fn lease_call(x: &Expansion<'_>, key: &Ident, fingerprint: &Ident) -> TokenStream {
+fn lease_call(x: &Expansion<'_>, layout: &Ident, keys: &Ident) -> TokenStream {
     let private = &x.private;
     let (output, block) = (x.output(), &x.item.block);
     let guard_local = Ident::new("__idem_lease", Span::mixed_site());
@@ -99,19 +102,19 @@ fn lease_call(x: &Expansion<'_>, key: &Ident, fingerprint: &Ident) -> TokenStrea
             #private::handler_body::<#output, _>(async #block).await
         }
     };
-    call_runner(x, &quote!(#private::run_lease), key, fingerprint, closure)
+    call_runner(x, &quote!(#private::run_lease), layout, keys, closure)
 }
 
-/// `runner(idem, &spec, key, fingerprint, codec, body).await`, spanned on the return
-/// type (see `call_at`).
+/// `runner(idem, &spec, &layout, keys, codec, body).await`, spanned on the return type
+/// (see `call_at`).
 fn call_runner(
     x: &Expansion<'_>,
     runner: &TokenStream,
-    key: &Ident,
-    fingerprint: &Ident,
+    layout: &Ident,
+    keys: &Ident,
     body: TokenStream,
 ) -> TokenStream {
     let (idem, spec, codec) = (&x.idem, &x.spec.ident, &x.codec);
-    let run_args = quote!(#idem, &#spec, #key, #fingerprint, #codec, #body,);
+    let run_args = quote!(#idem, &#spec, &#layout, #keys, #codec, #body,);
     call_at(runner, run_args, x.first)
 }

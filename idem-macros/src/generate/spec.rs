@@ -17,6 +17,9 @@ pub(super) struct Spec {
     pub(super) item: TokenStream,
     /// The scope expression, a `&'static str`.
     pub(super) scope: TokenStream,
+    /// The item that registers the handler with the runtime's registry of the handlers
+    /// compiled into the binary.
+    pub(super) register: TokenStream,
 }
 
 impl Spec {
@@ -30,6 +33,7 @@ impl Spec {
         shared_scope: bool,
     ) -> Self {
         let scope = scope(args, item);
+        let default_scope = args.scope.is_none().then(|| quote!(.default_scope()));
         let shared_scope = shared_scope.then(|| quote!(.shared_scope()));
         let max_attempts = args
             .max_attempts
@@ -50,13 +54,24 @@ impl Spec {
         let item = quote! {
             let #ident: #private::HandlerSpec = #private::HandlerSpec::new(#scope)
                 .declared_in(::core::module_path!())
+                #default_scope
                 #shared_scope
                 #max_attempts
                 #cache_policy
                 #retention
                 #lease;
         };
-        Spec { ident, item, scope }
+        // The handler is compiled into the binary: the runtime's registry of its
+        // handlers has it before `main`, whether or not it ever runs.
+        let register = quote! {
+            #private::inventory::submit! { #private::RegisteredHandler::new(#scope) }
+        };
+        Spec {
+            ident,
+            item,
+            scope,
+            register,
+        }
     }
 }
 

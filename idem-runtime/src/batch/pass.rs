@@ -8,6 +8,7 @@ use super::plan::{Derived, Indexed};
 use crate::Idem;
 use crate::faults;
 use crate::handler::{HandlerSpec, ResultCodec};
+use crate::key::handler_key::MessageKeys;
 use crate::key_transaction::KeyTransaction;
 use crate::outcome::{Error, HandlerError, Outcome};
 use crate::telemetry::{Mode, Timer};
@@ -86,7 +87,7 @@ pub(super) async fn settle<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     pass: Pass<T, E>,
-    keyed: &impl Fn(usize) -> Derived,
+    keyed: &impl Fn(usize) -> MessageKeys,
     codec: C,
     mut one: F,
 ) -> Vec<Indexed<T, E>>
@@ -111,9 +112,9 @@ where
             "{reason}; its keys are parked"
         );
         for index in retry {
-            let (key, fingerprint) = keyed(index);
-            let fingerprint = fingerprint.as_ref().map(<[u8; 32]>::as_slice);
-            transactional::park_ended(idem, spec, &[(key, fingerprint)], xid).await;
+            let keys = keyed(index);
+            let key = keys.key;
+            transactional::park_ended(idem, spec, &[(key, keys.fingerprint())], xid).await;
             decided.push((index, Err(Error::TransactionEnded { key })));
         }
         return decided;
@@ -125,9 +126,8 @@ where
         "batch rolled back; processing its messages one by one"
     );
     for index in retry {
-        let (key, fingerprint) = keyed(index);
         let outcome =
-            transactional::run_checked(idem, spec, Mode::Batch, key, fingerprint, codec, |tx| {
+            transactional::run_checked(idem, spec, Mode::Batch, keyed(index), codec, |tx| {
                 one(tx, index)
             })
             .await;
@@ -147,6 +147,10 @@ pub(super) enum Fallback {
     TransactionEnded { xid: i64 },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The handler declares `previous_key`: each message claims its key under both
+    /// definitions, on its own.
+    #[error("the handler declares previous_key")]
+    PreviousKey,
 }
 
 /// Commits the batch transaction `xid`, with the check of

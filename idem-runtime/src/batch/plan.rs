@@ -7,6 +7,7 @@ use super::BatchOutcomes;
 use crate::Idem;
 use crate::handler::ResultCodec;
 use crate::inflight::KeyTurn;
+use crate::key::handler_key::MessageKeys;
 use crate::key::{IdempotencyKey, KeyError};
 use crate::outcome::{Error, Outcome};
 use crate::scope;
@@ -31,15 +32,17 @@ enum Plan {
 pub(super) struct Planned<T, E> {
     outcomes: Vec<Option<Result<Outcome<T>, Error<E>>>>,
     derived: Vec<Option<Derived>>,
+    /// Each message's key under the handler's previous key definition.
+    previous: Vec<Option<IdempotencyKey>>,
     plans: Vec<Plan>,
 }
 
 /// Every message refused for the same reason (the handler's scope is not its own).
 pub(super) fn refuse_all<M, T, E>(messages: &[M], error: scope::Error) -> BatchOutcomes<T, E> {
     match error {
-        scope::Error::Conflict(conflict) => messages
+        scope::Error::Refused(refusal) => messages
             .iter()
-            .map(|_| Err(Error::ScopeConflict(conflict.clone())))
+            .map(|_| Err(refusal.clone().into()))
             .collect(),
         scope::Error::Database(error) => {
             let text = error.to_string();
@@ -55,11 +58,12 @@ impl<T, E> Planned<T, E> {
     /// Derives every message's key; decides key errors and duplicates inside the batch.
     pub(super) fn new<'m, M>(
         messages: &'m [M],
-        mut derive: impl FnMut(&'m M) -> Result<Derived, KeyError>,
+        mut derive: impl FnMut(&'m M) -> Result<MessageKeys, KeyError>,
     ) -> Self {
         let mut planned = Planned {
             outcomes: messages.iter().map(|_| None).collect(),
             derived: Vec::with_capacity(messages.len()),
+            previous: Vec::with_capacity(messages.len()),
             plans: Vec::with_capacity(messages.len()),
         };
         let mut first_of_key: HashMap<IdempotencyKey, usize> = HashMap::new();
@@ -68,9 +72,15 @@ impl<T, E> Planned<T, E> {
                 Err(error) => {
                     planned.outcomes[index] = Some(Err(Error::Key(error)));
                     planned.derived.push(None);
+                    planned.previous.push(None);
                     planned.plans.push(Plan::Done);
                 }
-                Ok((key, fingerprint)) => {
+                Ok(MessageKeys {
+                    key,
+                    fingerprint,
+                    previous,
+                }) => {
+                    planned.previous.push(previous);
                     match first_of_key.get(&key) {
                         Some(&first) => {
                             let same_payload = match (&planned.derived[first], fingerprint) {
@@ -121,6 +131,16 @@ impl<T, E> Planned<T, E> {
             }
         }
         (to_claim, turns)
+    }
+
+    /// The keys of a message that has a key, as a delivery on its own claims them.
+    pub(super) fn message_keys(&self, index: usize) -> MessageKeys {
+        let (key, fingerprint) = self.keyed(index);
+        MessageKeys {
+            key,
+            fingerprint,
+            previous: self.previous[index],
+        }
     }
 
     /// The key and fingerprint of a message that has a key.

@@ -5,11 +5,13 @@
 use std::future::Future;
 
 use super::BatchOutcomes;
-use super::pass::{batch_pass, run_each, run_once, settle};
-use super::plan::{Derived, Planned, refuse_all};
+use super::pass::{Fallback, Pass, batch_pass, run_each, run_once, settle};
+use super::plan::{Planned, refuse_all};
 use crate::Idem;
 use crate::handler::{BatchResult, HandlerSpec, NoResult, ResultCodec};
 use crate::key::KeyError;
+use crate::key::definition::KeyLayout;
+use crate::key::handler_key::MessageKeys;
 use crate::key_transaction::KeyTransaction;
 use crate::outcome::{Handled, HandlerError};
 use crate::scope;
@@ -22,9 +24,11 @@ use crate::telemetry::{self, Mode};
 /// transaction and one message and hands the transaction back with its result. Returns
 /// one outcome per message, in order. This is what `#[idempotent(batch = true)]`
 /// generates a call of (as `<handler>_batch`).
+#[allow(clippy::too_many_arguments)]
 pub async fn run_batch<'m, M, T, E, C, D, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
+    layout: &KeyLayout<'_>,
     messages: &'m [M],
     derive: D,
     codec: C,
@@ -33,28 +37,39 @@ pub async fn run_batch<'m, M, T, E, C, D, F, Fut>(
 where
     C: ResultCodec<T> + Copy,
     E: HandlerError,
-    D: FnMut(&'m M) -> Result<Derived, KeyError>,
+    D: FnMut(&'m M) -> Result<MessageKeys, KeyError>,
     F: FnMut(KeyTransaction, &'m M) -> Fut,
     Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
 {
-    if let Err(error) = idem.check_scope(spec, scope::handler_identity::<F>()).await {
+    if let Err(error) = idem
+        .check_scope(spec, scope::handler_identity::<F>(), layout)
+        .await
+    {
         return counted(spec, refuse_all(messages, error));
     }
     let mut planned = Planned::new(messages, derive);
     let (to_claim, turns) = planned.take_turns(idem, spec.scope);
     let keyed = |index: usize| planned.keyed(index);
     let (each, derived) = (&mut body, &keyed);
-    let pass = batch_pass(
-        idem,
-        spec,
-        &to_claim,
-        &keyed,
-        &codec,
-        move |tx, xid, owned| run_each(idem, spec, tx, xid, messages, owned, derived, codec, each),
-    )
-    .await;
+    let pass = match layout.previous_key {
+        Some(_) => one_by_one(to_claim),
+        None => {
+            batch_pass(
+                idem,
+                spec,
+                &to_claim,
+                &keyed,
+                &codec,
+                move |tx, xid, owned| {
+                    run_each(idem, spec, tx, xid, messages, owned, derived, codec, each)
+                },
+            )
+            .await
+        }
+    };
     drop(turns);
-    let outcomes = settle(idem, spec, pass, &keyed, codec, |tx, index| {
+    let message_keys = |index: usize| planned.message_keys(index);
+    let outcomes = settle(idem, spec, pass, &message_keys, codec, |tx, index| {
         body(tx, &messages[index])
     })
     .await;
@@ -84,6 +99,7 @@ where
 pub async fn run_batch_handler<'m, M, R, D, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
+    layout: &KeyLayout<'_>,
     messages: &'m [M],
     derive: D,
     mut body: F,
@@ -91,11 +107,14 @@ pub async fn run_batch_handler<'m, M, R, D, F, Fut>(
 where
     R: BatchResult,
     R::Error: HandlerError,
-    D: FnMut(&'m M) -> Result<Derived, KeyError>,
+    D: FnMut(&'m M) -> Result<MessageKeys, KeyError>,
     F: FnMut(KeyTransaction, Vec<&'m M>) -> Fut,
     Fut: Future<Output = (KeyTransaction, R)>,
 {
-    if let Err(error) = idem.check_scope(spec, scope::handler_identity::<F>()).await {
+    if let Err(error) = idem
+        .check_scope(spec, scope::handler_identity::<F>(), layout)
+        .await
+    {
         return counted(spec, refuse_all(messages, error));
     }
     let mut planned = Planned::new(messages, derive);
@@ -109,22 +128,39 @@ where
         }
     };
     let once = &mut body;
-    let pass = batch_pass(
-        idem,
-        spec,
-        &to_claim,
-        &keyed,
-        &NoResult,
-        move |tx, xid, owned| run_once(idem, spec.scope, tx, xid, messages, owned, once),
-    )
-    .await;
+    let pass = match layout.previous_key {
+        Some(_) => one_by_one(to_claim),
+        None => {
+            batch_pass(
+                idem,
+                spec,
+                &to_claim,
+                &keyed,
+                &NoResult,
+                move |tx, xid, owned| run_once(idem, spec.scope, tx, xid, messages, owned, once),
+            )
+            .await
+        }
+    };
     drop(turns);
-    let outcomes = settle(idem, spec, pass, &keyed, NoResult, |tx, index| {
+    let message_keys = |index: usize| planned.message_keys(index);
+    let outcomes = settle(idem, spec, pass, &message_keys, NoResult, |tx, index| {
         body(tx, vec![&messages[index]])
     })
     .await;
     planned.decide(outcomes);
     counted(spec, planned.finish(&NoResult))
+}
+
+/// The pass of a handler that declares `previous_key`: every message claims its keys
+/// under both definitions on its own, in a transaction of its own (see
+/// [`run_transactional`](crate::transactional::run_transactional())).
+fn one_by_one<T, E>(to_claim: Vec<usize>) -> Pass<T, E> {
+    Pass::OneByOne {
+        retry: to_claim,
+        decided: Vec::new(),
+        reason: Fallback::PreviousKey,
+    }
 }
 
 /// Counts each message's outcome (see [`telemetry`](crate::telemetry)).

@@ -40,6 +40,7 @@ pub struct HandlerKey {
     scope: &'static str,
     key: IdempotencyKey,
     fingerprint: Option<[u8; 32]>,
+    previous_key: Option<IdempotencyKey>,
 }
 
 impl HandlerKey {
@@ -60,6 +61,13 @@ impl HandlerKey {
         self.fingerprint
     }
 
+    /// The message's key under the handler's previous key definition
+    /// (`#[idempotent(previous_key = "...")]`), which a delivery claims too: `None` when
+    /// the handler declares none, or when the message has no value for it.
+    pub const fn previous_key(&self) -> Option<IdempotencyKey> {
+        self.previous_key
+    }
+
     /// Whether the handler refuses this message as another payload of a key recorded
     /// with the fingerprint `recorded` ([`Error::PayloadMismatch`](crate::Error)): both
     /// fingerprints known and different. A side without one never differs.
@@ -72,14 +80,31 @@ impl HandlerKey {
 }
 
 /// The [`HandlerKey`] of a handler's `scope`, for the code `#[idempotent]` generates.
-pub fn handler_key(
-    scope: &'static str,
-    key: IdempotencyKey,
-    fingerprint: Option<[u8; 32]>,
-) -> HandlerKey {
+pub fn handler_key(scope: &'static str, keys: MessageKeys) -> HandlerKey {
     HandlerKey {
         scope,
-        key,
-        fingerprint,
+        key: keys.key,
+        fingerprint: keys.fingerprint,
+        previous_key: keys.previous,
+    }
+}
+
+/// What a handler derives from one message, as generated code passes it to the runners:
+/// the key, the payload fingerprint, and the key under the previous definition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MessageKeys {
+    /// The message's idempotency key.
+    pub key: IdempotencyKey,
+    /// The digest of the fingerprint's fields, where the handler declares some.
+    pub fingerprint: Option<[u8; 32]>,
+    /// The key under the previous definition (`previous_key = "..."`), where the handler
+    /// declares one and the message has its values.
+    pub previous: Option<IdempotencyKey>,
+}
+
+impl MessageKeys {
+    /// The fingerprint as bytes.
+    pub(crate) fn fingerprint(&self) -> Option<&[u8]> {
+        self.fingerprint.as_ref().map(<[u8; 32]>::as_slice)
     }
 }

@@ -111,8 +111,11 @@ use std::fmt;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+pub(crate) mod definition;
 pub(crate) mod handler_key;
+pub(crate) mod shape;
 pub use handler_key::HandlerKey;
+pub use shape::{KeyPartShape, UNKNOWN_SHAPE};
 
 /// The prefix that versions the encoding.
 pub const ENCODING_V1: &[u8] = b"idem:v1";

@@ -13,6 +13,8 @@ use crate::error_text::failure_text;
 use crate::faults;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
+use crate::key::definition::KeyLayout;
+use crate::key::handler_key::MessageKeys;
 use crate::outcome::{Error, HandlerError, Outcome};
 use crate::scope;
 use crate::store::LeaseClaim;
@@ -21,11 +23,14 @@ use crate::transactional;
 
 /// Runs `body` under a lease on `key` in `spec.scope`: at most one worker at a time, at
 /// most once to success. This is what `#[idempotent(mode = "lease")]` generates a call of.
+/// `layout` describes the handler's key for the scope's check; a lease-mode handler
+/// declares no previous key (`previous_key` is refused at compile time), so only
+/// `keys.key` and `keys.fingerprint` are claimed.
 pub async fn run_lease<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
-    key: IdempotencyKey,
-    fingerprint: Option<[u8; 32]>,
+    layout: &KeyLayout<'_>,
+    keys: MessageKeys,
     codec: C,
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
@@ -35,8 +40,9 @@ where
     F: FnOnce(Lease) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
+    let (key, fingerprint) = (keys.key, keys.fingerprint);
     let span = telemetry::span(spec.scope, key, Mode::Lease);
-    let result = run_inner(idem, spec, key, fingerprint, codec, body)
+    let result = run_inner(idem, spec, layout, key, fingerprint, codec, body)
         .instrument(span.clone())
         .await;
     telemetry::finish(&span, spec.scope, Mode::Lease, &result);
@@ -48,6 +54,7 @@ where
 async fn run_inner<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
+    layout: &KeyLayout<'_>,
     key: IdempotencyKey,
     fingerprint: Option<[u8; 32]>,
     codec: C,
@@ -60,7 +67,7 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     let identity = scope::handler_identity::<F>();
-    idem.check_scope(spec, identity).await?;
+    idem.check_scope(spec, identity, layout).await?;
     let delivery = LeaseDelivery {
         idem,
         spec,

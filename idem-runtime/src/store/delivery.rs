@@ -211,16 +211,20 @@ impl Statements {
     /// storing `result` where there is one, and `COMMIT`.
     ///
     /// The result's values are inlined hex-encoded, so that no value can be read as SQL.
+    /// The result is stored with `previous` too, the key under the previous definition
+    /// that the transaction claimed.
     pub(crate) fn commit(
         &self,
         scope: &str,
         key: Uuid,
+        previous: Option<Uuid>,
         result: Option<&serde_json::Value>,
     ) -> std::borrow::Cow<'_, str> {
+        let previous = previous.map_or(String::new(), |previous| format!(", '{previous}'"));
         match result {
             Some(result) => std::borrow::Cow::Owned(format!(
                 "{check}; UPDATE {table} SET result = convert_from(decode('{result}', 'hex'), 'UTF8')::json \
-                 WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key = '{key}'; \
+                 WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key IN ('{key}'{previous}); \
                  COMMIT",
                 check = self.delivery.check,
                 table = self.table,

@@ -10,7 +10,8 @@ pub(crate) fn consumer_grants(schema: &Identifier, role: &str) -> String {
         "GRANT USAGE ON SCHEMA {schema} TO {role};\n\
          GRANT SELECT, INSERT, UPDATE ON {schema}.idem_keys TO {role};\n\
          GRANT SELECT, INSERT ON {schema}.idem_scopes TO {role};\n\
-         GRANT UPDATE (retention_ms) ON {schema}.idem_scopes TO {role};\n\
+         GRANT UPDATE (retention_ms, key_definition, key_defined_at, previous_key_definition, \
+                       previous_key_seen_at, message_type) ON {schema}.idem_scopes TO {role};\n\
          GRANT SELECT ON {schema}.idem_instance TO {role};\n"
     )
 }

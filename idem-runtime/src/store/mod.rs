@@ -34,6 +34,7 @@ pub(crate) use grants::consumer_grants;
 pub(crate) use lease::LeaseClaim;
 pub use migrate::{MIGRATOR, migrate_schema};
 pub(crate) use retention::Windows;
+pub(crate) use scopes::{DefinitionChange, ScopeRegistration, ScopeRow};
 
 use sql::{Protocol, Query, Value};
 
@@ -189,6 +190,9 @@ pub(crate) struct Statements {
     protocol: Protocol,
     /// Opens a transaction whose lock waits are bounded by the lock timeout.
     pub(crate) begin: String,
+    /// The lock timeout of `begin`, as `set_config` takes it: what a claim followed by
+    /// another claim keeps.
+    claim_lock_timeout: String,
     /// The status table, `<schema>.idem_keys`.
     table: String,
     /// The scope registry, `<schema>.idem_scopes`.
@@ -215,6 +219,7 @@ impl Statements {
             // wait behind an in-flight claim of the same key. A claim that wins sets the
             // session's own lock timeout back for the body (`$4` of the claim statements).
             begin: format!("BEGIN; SET LOCAL lock_timeout = '{lock_timeout_ms}ms'"),
+            claim_lock_timeout: format!("{lock_timeout_ms}ms"),
             delivery: delivery::Sql::new(&table),
             lease: lease::Sql::new(&table),
             batch: batch::Sql::new(&table),
@@ -223,6 +228,12 @@ impl Statements {
             table,
             scopes_table,
         }
+    }
+
+    /// The claim's lock timeout, for a claim that another claim follows in its
+    /// transaction.
+    pub(crate) fn claim_lock_timeout(&self) -> &str {
+        &self.claim_lock_timeout
     }
 
     /// `sql` with `values` for its parameters, as this handle sends statements.

@@ -4,15 +4,25 @@
 use sqlx::{PgPool, Row};
 
 use super::Statements;
+use super::sql::Value;
 use crate::config::Identifier;
 
 /// The SQL of the scope registry and the instance row, for one schema.
 #[derive(Debug)]
 pub(super) struct Sql {
-    /// Records a scope's owner, or reads the one recorded.
+    /// Records a scope's owner and key definition, or reads the ones recorded.
     register_scope: String,
     /// Records the retention window a scope's handler declares.
     record_scope_retention: String,
+    /// Records a scope's key definition where it is the expected one.
+    record_key_definition: String,
+    /// Notes a delivery answered by a key of the previous definition alone.
+    previous_key_seen: String,
+    /// Whether a scope has keys.
+    has_keys: String,
+    /// A scope of the same crate, message type and key that has keys and no handler in
+    /// the binary: the scope of a handler renamed or moved.
+    moved_from: String,
     /// Forgets a scope's owner.
     release_scope: String,
     /// The status table's identity and the cache's secret.
@@ -20,22 +30,57 @@ pub(super) struct Sql {
     instance: String,
 }
 
+/// The columns of a scope's row that the registry reads.
+const SCOPE_COLUMNS: &str =
+    "owner, handler, shared, retention_ms, key_definition, previous_key_definition";
+
 impl Sql {
     pub(super) fn new(schema: &Identifier) -> Self {
         Sql {
             register_scope: format!(
                 "WITH inserted AS ( \
-                    INSERT INTO {schema}.idem_scopes (scope, owner, handler, shared, retention_ms) \
-                    VALUES ($1, $2, $3, $2 IS NULL, $4) \
-                    ON CONFLICT (scope) DO NOTHING RETURNING owner, handler, shared, retention_ms) \
-                 SELECT owner, handler, shared, retention_ms FROM inserted \
+                    INSERT INTO {schema}.idem_scopes \
+                        (scope, owner, handler, shared, retention_ms, key_definition, \
+                         key_defined_at, message_type) \
+                    VALUES ($1, $2, $3, $2 IS NULL, $4, $5, now(), $6) \
+                    ON CONFLICT (scope) DO NOTHING RETURNING {SCOPE_COLUMNS}) \
+                 SELECT {SCOPE_COLUMNS} FROM inserted \
                  UNION ALL \
-                 SELECT owner, handler, shared, retention_ms FROM {schema}.idem_scopes \
+                 SELECT {SCOPE_COLUMNS} FROM {schema}.idem_scopes \
                  WHERE scope = $1 AND NOT EXISTS (SELECT FROM inserted)"
             ),
             record_scope_retention: format!(
                 "UPDATE {schema}.idem_scopes SET retention_ms = $2 WHERE scope = $1 \
                  AND retention_ms IS DISTINCT FROM $2"
+            ),
+            // `$2` is the recorded definition the change was decided on: a change that
+            // another process made meanwhile is not overwritten (no row: decide again).
+            record_key_definition: format!(
+                "UPDATE {schema}.idem_scopes \
+                 SET key_definition = $3, previous_key_definition = $4, message_type = $5, \
+                     key_defined_at = CASE WHEN key_definition IS DISTINCT FROM $3 THEN now() \
+                                           ELSE key_defined_at END \
+                 WHERE scope = $1 AND key_definition IS NOT DISTINCT FROM $2"
+            ),
+            // At most once a minute: a redelivery storm of old facts writes nothing more.
+            previous_key_seen: format!(
+                "UPDATE {schema}.idem_scopes SET previous_key_seen_at = now() \
+                 WHERE scope = $1 AND (previous_key_seen_at IS NULL \
+                                       OR previous_key_seen_at < now() - interval '1 minute')"
+            ),
+            has_keys: format!("SELECT EXISTS (SELECT FROM {schema}.idem_keys WHERE scope = $1)"),
+            // Scopes recorded by a release that kept no key definition (NULL) count as
+            // candidates too: what their keys are made of is unknown.
+            moved_from: format!(
+                "SELECT s.scope FROM {schema}.idem_scopes AS s \
+                 WHERE s.owner = $2 AND s.scope <> $1 AND NOT s.shared \
+                   AND s.scope <> ALL ($5::text[]) \
+                   AND (s.key_definition IS NULL \
+                        OR (s.key_definition = $3 AND s.message_type IS NOT DISTINCT FROM $4)) \
+                   AND EXISTS (SELECT FROM {schema}.idem_keys AS k WHERE k.scope = s.scope) \
+                   AND NOT EXISTS (SELECT FROM {schema}.idem_keys AS k WHERE k.scope = $1) \
+                 ORDER BY s.key_definition IS NULL, s.created_at DESC \
+                 LIMIT 1"
             ),
             release_scope: format!("DELETE FROM {schema}.idem_scopes WHERE scope = $1"),
             instance: format!(
@@ -47,34 +92,142 @@ impl Sql {
     }
 }
 
-/// A scope's row: its owner crate and handler, whether it is shared, its retention window
-/// in milliseconds.
-pub(crate) type ScopeRow = (Option<String>, Option<String>, bool, Option<i64>);
+/// A scope's row, as the registry reads it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct ScopeRow {
+    /// The crate that owns the scope; `None`: shared.
+    pub owner: Option<String>,
+    /// The handler that owns the scope, where recorded.
+    pub handler: Option<String>,
+    /// Declared shared by its handlers.
+    pub shared: bool,
+    /// The retention window of its `success` keys, in milliseconds.
+    pub retention_ms: Option<i64>,
+    /// What its keys are made of; `None`: not recorded (an earlier release).
+    pub key_definition: Option<String>,
+    /// The definition that the current one replaced by a declared transition.
+    pub previous_key_definition: Option<String>,
+}
+
+/// What a handler registers with its scope.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ScopeRegistration<'a> {
+    pub scope: &'a str,
+    /// The owner crate and handler; `None`: shared.
+    pub owner: Option<(&'a str, &'a str)>,
+    pub retention_ms: Option<i64>,
+    pub key_definition: &'a str,
+    pub message_type: &'a str,
+}
+
+/// A key definition to record (see [`Statements::record_key_definition`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DefinitionChange<'a> {
+    pub scope: &'a str,
+    /// The definition recorded when the change was decided.
+    pub expected: Option<&'a str>,
+    pub key_definition: &'a str,
+    pub previous_key_definition: Option<&'a str>,
+    pub message_type: &'a str,
+}
 
 impl Statements {
-    /// Records `scope`'s owner (`crate_name` and `handler`; `None`: shared) and its
-    /// retention window unless the scope is recorded, and returns the recorded row.
-    /// `None` when a registration committed while this one waited is not in this
-    /// statement's snapshot: the next call sees it.
+    /// Records `scope`'s owner (`None`: shared), retention window and key definition
+    /// unless the scope is recorded, and returns the recorded row. `None` when a
+    /// registration committed while this one waited is not in this statement's snapshot:
+    /// the next call sees it.
     pub(crate) async fn register_scope(
         &self,
         pool: &PgPool,
-        scope: &str,
-        crate_name: Option<&str>,
-        handler: Option<&str>,
-        retention_ms: Option<i64>,
+        registration: ScopeRegistration<'_>,
     ) -> Result<Option<ScopeRow>, sqlx::Error> {
+        let (crate_name, handler) = registration.owner.unzip();
         self.query(
             &self.scopes.register_scope,
             &[
-                scope.into(),
+                registration.scope.into(),
                 crate_name.into(),
                 handler.into(),
-                retention_ms.into(),
+                registration.retention_ms.into(),
+                registration.key_definition.into(),
+                registration.message_type.into(),
             ],
         )
         .fetch_optional_as(pool)
         .await
+    }
+
+    /// Records a scope's key definition, its previous one and its message type, where the
+    /// recorded definition is still `change.expected`; whether it was.
+    pub(crate) async fn record_key_definition(
+        &self,
+        pool: &PgPool,
+        change: DefinitionChange<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let done = self
+            .query(
+                &self.scopes.record_key_definition,
+                &[
+                    change.scope.into(),
+                    change.expected.into(),
+                    change.key_definition.into(),
+                    change.previous_key_definition.into(),
+                    change.message_type.into(),
+                ],
+            )
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Notes that a delivery of `scope` was answered by a key of its previous definition
+    /// alone (at most once a minute).
+    pub(crate) async fn previous_key_seen(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+    ) -> Result<(), sqlx::Error> {
+        self.query(&self.scopes.previous_key_seen, &[scope.into()])
+            .execute(pool)
+            .await
+            .map(drop)
+    }
+
+    /// Whether `scope` has keys in the status table.
+    pub(crate) async fn has_keys(&self, pool: &PgPool, scope: &str) -> Result<bool, sqlx::Error> {
+        self.query(&self.scopes.has_keys, &[scope.into()])
+            .fetch_one(pool)
+            .await?
+            .try_get(0)
+    }
+
+    /// The scope that a handler of `crate_name` with scope `scope` (which has no keys),
+    /// `key_definition` and `message_type` was probably renamed or moved from: a scope of
+    /// the same crate, message type and key definition (or one recorded without a
+    /// definition) that has keys and is none of the `compiled` scopes of the binary.
+    pub(crate) async fn moved_from(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+        crate_name: &str,
+        key_definition: &str,
+        message_type: &str,
+        compiled: &[String],
+    ) -> Result<Option<String>, sqlx::Error> {
+        self.query(
+            &self.scopes.moved_from,
+            &[
+                scope.into(),
+                crate_name.into(),
+                key_definition.into(),
+                message_type.into(),
+                Value::Texts(Some(compiled)),
+            ],
+        )
+        .fetch_optional(pool)
+        .await?
+        .map(|row| row.try_get(0))
+        .transpose()
     }
 
     /// Records the retention window of `scope` where it differs.

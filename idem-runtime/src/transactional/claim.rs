@@ -13,7 +13,9 @@ use crate::telemetry::Timer;
 
 impl Delivery<'_> {
     /// Opens the transaction and claims the key in it: the transaction and its id when
-    /// this delivery owns the key, or the answer that the row in the way decides.
+    /// this delivery owns the key, or the answer that the row in the way decides. A key
+    /// under the previous definition is claimed first, in the same transaction (see
+    /// [`Delivery::claim_previous`]).
     pub(super) async fn claim<T, E, C: ResultCodec<T>>(
         &self,
         codec: &C,
@@ -26,6 +28,7 @@ impl Delivery<'_> {
             mode,
             key,
             fingerprint,
+            previous,
         } = *self;
         let scope = spec.scope;
         let rates = idem.duplicate_rates();
@@ -34,6 +37,20 @@ impl Delivery<'_> {
             Ok(tx) => tx,
             Err(error) => return Step::Done(Err(Error::Database(error))),
         };
+        if let Some(previous) = previous {
+            match self.claim_previous(&mut tx, previous, codec).await {
+                Ok(None) => {}
+                Ok(Some(answer)) => {
+                    claiming.claim(scope, mode);
+                    return Step::Done(answer);
+                }
+                Err(error) if is_lock_timeout(&error) => {
+                    return Step::Done(Err(Error::InProgress { key }));
+                }
+                Err(error) if retries.take(&error).await => return Step::Again,
+                Err(error) => return Step::Done(Err(Error::Database(error))),
+            }
+        }
         let claimed = claim(idem, &mut tx, scope, key, fingerprint, body_lock_timeout).await;
         claiming.claim(scope, mode);
         match &claimed {
@@ -58,6 +75,57 @@ impl Delivery<'_> {
             Err(error) if retries.take(&error).await => Step::Again,
             Err(error) => Step::Done(Err(Error::Database(error))),
         }
+    }
+}
+
+impl Delivery<'_> {
+    /// Claims the key under the handler's previous key definition, in the delivery's
+    /// transaction and before its key: `None` when this transaction holds it now (inserted
+    /// as `success`, or a `failed` one taken over), so that a delivery of the previous
+    /// definition's build waits for this transaction and then finds the fact done; the
+    /// answer otherwise, which the previous key's row decides: a fact that succeeded under
+    /// the previous definition is a duplicate, with the result stored then.
+    ///
+    /// Every delivery of the new definition claims the previous key first and the new key
+    /// second, and a delivery of the old definition claims only the previous key, so no
+    /// two of them wait for each other in opposite orders.
+    async fn claim_previous<T, E, C: ResultCodec<T>>(
+        &self,
+        tx: &mut KeyTransaction,
+        previous: IdempotencyKey,
+        codec: &C,
+    ) -> Result<Option<Result<Outcome<T>, Error<E>>>, sqlx::Error> {
+        let Delivery {
+            idem,
+            spec,
+            key,
+            fingerprint,
+            ..
+        } = *self;
+        let scope = spec.scope;
+        // The lock timeout stays the claim's for the second claim.
+        let claim_lock_timeout = idem.statements().claim_lock_timeout();
+        let found = match claim(idem, tx, scope, previous, fingerprint, claim_lock_timeout).await? {
+            Claimed::Owned { .. } => return Ok(None),
+            Claimed::Mismatch => return Ok(Some(Err(Error::PayloadMismatch { key }))),
+            Claimed::Contended => return Ok(Some(Err(Error::InProgress { key }))),
+            Claimed::Found(existing) => existing,
+        };
+        if found.status == Status::Success {
+            let ours = idem.statements().read(tx, scope, key.as_uuid()).await?;
+            if ours.is_none() {
+                // Answered by the previous definition alone: it is still needed.
+                if let Err(error) = idem
+                    .statements()
+                    .previous_key_seen(idem.pool(), scope)
+                    .await
+                {
+                    tracing::debug!(scope, %error, "idem: the use of the previous key definition could not be noted");
+                }
+            }
+        }
+        idem.cache_existing(spec.cache, scope, key, &found).await;
+        Ok(Some(decide(key, found, codec)))
     }
 }
 

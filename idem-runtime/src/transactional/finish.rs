@@ -31,15 +31,21 @@ impl Delivery<'_> {
             spec,
             key,
             fingerprint,
+            previous,
             ..
         } = *self;
         let stored = match codec.encode(&value) {
             Ok(stored) => stored,
             Err(error) => return Step::Done(Err(Error::ResultEncoding(error))),
         };
-        let commit = idem
-            .statements()
-            .commit(spec.scope, key.as_uuid(), stored.as_ref());
+        // The previous definition's key gets the result too: a build of that definition
+        // replays it to its duplicates.
+        let commit = idem.statements().commit(
+            spec.scope,
+            key.as_uuid(),
+            previous.map(|previous| previous.as_uuid()),
+            stored.as_ref(),
+        );
         // Tests only: a connection lost before the commit (a no-op without the feature
         // `testing`).
         if let Some(lost) = faults::before_commit(idem.faults()) {

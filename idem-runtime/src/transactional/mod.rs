@@ -45,6 +45,8 @@ use crate::Idem;
 use crate::faults::BackendKill;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
+use crate::key::definition::KeyLayout;
+use crate::key::handler_key::MessageKeys;
 use crate::key_transaction::KeyTransaction;
 use crate::outcome::{Error, HandlerError, Outcome};
 use crate::scope;
@@ -62,12 +64,14 @@ pub(crate) use failure::{
 };
 use retries::Retries;
 
-/// Runs `body` at most once to success for `key` in `spec.scope`, in one transaction with
-/// the claim of the key. This is what `#[idempotent]` generates a call of.
+/// Runs `body` at most once to success for `keys.key` in `spec.scope`, in one transaction
+/// with the claim of the key. This is what `#[idempotent]` generates a call of.
 ///
-/// `fingerprint`, where given, is compared with the one recorded with the key: a
-/// different one is [`Error::PayloadMismatch`]. `codec` stores the body's value for
-/// replay to duplicates.
+/// `keys.fingerprint`, where given, is compared with the one recorded with the key: a
+/// different one is [`Error::PayloadMismatch`]. `keys.previous`, the key under the
+/// handler's previous key definition, is claimed in the same transaction, first: a fact
+/// that succeeded under it is a duplicate. `layout` describes the handler's key for the
+/// scope's check. `codec` stores the body's value for replay to duplicates.
 ///
 /// `body` receives the open transaction and hands it back with its result; it must not
 /// commit or roll it back, nor begin a transaction of its own on it (see
@@ -76,8 +80,8 @@ use retries::Retries;
 pub async fn run_transactional<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
-    key: IdempotencyKey,
-    fingerprint: Option<[u8; 32]>,
+    layout: &KeyLayout<'_>,
+    keys: MessageKeys,
     codec: C,
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
@@ -88,10 +92,10 @@ where
     Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
 {
     let identity = scope::handler_identity::<F>();
-    let span = telemetry::span(spec.scope, key, Mode::Transaction);
+    let span = telemetry::span(spec.scope, keys.key, Mode::Transaction);
     let result = async {
-        idem.check_scope(spec, identity).await?;
-        run_checked(idem, spec, Mode::Transaction, key, fingerprint, codec, body).await
+        idem.check_scope(spec, identity, layout).await?;
+        run_checked(idem, spec, Mode::Transaction, keys, codec, body).await
     }
     .instrument(span.clone())
     .await;
@@ -108,8 +112,7 @@ pub(crate) async fn run_checked<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     mode: Mode,
-    key: IdempotencyKey,
-    fingerprint: Option<[u8; 32]>,
+    keys: MessageKeys,
     codec: C,
     mut body: F,
 ) -> Result<Outcome<T>, Error<E>>
@@ -119,12 +122,14 @@ where
     F: FnMut(KeyTransaction) -> Fut,
     Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
 {
+    let key = keys.key;
     let delivery = Delivery {
         idem,
         spec,
         mode,
         key,
-        fingerprint: fingerprint.as_ref().map(<[u8; 32]>::as_slice),
+        fingerprint: keys.fingerprint(),
+        previous: keys.previous,
     };
     if let Some(answer) = delivery.answer_without_claim(&codec).await {
         return answer;
@@ -177,6 +182,8 @@ struct Delivery<'a> {
     mode: Mode,
     key: IdempotencyKey,
     fingerprint: Option<&'a [u8]>,
+    /// The key under the handler's previous key definition, claimed first.
+    previous: Option<IdempotencyKey>,
 }
 
 /// What a step of a delivery leaves to do.

@@ -43,6 +43,7 @@ mod payload_mismatch_is_rejected;
 mod raw_identifier_handler_keeps_its_name;
 mod redelivery_storm_answers_duplicates_with_one_read;
 mod schema_is_configurable;
+mod scope_identity_across_deploys;
 mod scopes_are_independent;
 mod stored_result_is_replayed;
 mod swallowed_error_is_not_executed;

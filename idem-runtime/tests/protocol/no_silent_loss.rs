@@ -9,7 +9,9 @@ use crate::support::orders::OrderEvent;
 use crate::support::testing::{self, Checkpoint};
 // What the attribute generates in another crate, written out here to declare handlers of
 // several crates in one test: the private module of generated code, not a public API.
-use idem_runtime::__private_v0_1_0::{HandlerSpec, NoResult, run_transactional};
+use idem_runtime::__private_v0_1_0::{
+    DefinedPart, HandlerSpec, KeyLayout, MessageKeys, NoResult, run_transactional,
+};
 use idem_runtime::key::KeyBuilder;
 use idem_runtime::{Disposition, Error, Idem, Outcome, Status, idempotent};
 use sqlx::postgres::PgPoolOptions;
@@ -200,7 +202,19 @@ async fn run_as(
     order_id: &str,
 ) -> Result<Outcome<()>, Error<sqlx::Error>> {
     let event = testing::paid(order_id, 1);
-    run_transactional(idem, spec, key_of(order_id), None, NoResult, |mut tx| {
+    const KEY: [DefinedPart; 1] = [("order_id", |shape| shape.push('s'))];
+    let layout = KeyLayout {
+        key: &KEY,
+        fingerprint: None,
+        previous_key: None,
+        message_type: std::any::type_name::<OrderEvent>,
+    };
+    let keys = MessageKeys {
+        key: key_of(order_id),
+        fingerprint: None,
+        previous: None,
+    };
+    run_transactional(idem, spec, &layout, keys, NoResult, |mut tx| {
         let event = event.clone();
         async move {
             let result = testing::insert_effect(&mut tx, &event).await.map(drop);

@@ -1,0 +1,224 @@
+//! A scope's key definition: recorded by its first handler, compared by every later one,
+//! and changed only where the scope has no keys or the change is declared
+//! (`previous_key`).
+
+use super::{Checked, Error, KeyChanged, Refusal};
+use crate::store::{DefinitionChange, ScopeRow};
+
+/// What a handler does with the definition recorded for its scope.
+#[derive(Debug, PartialEq, Eq)]
+enum Decision {
+    /// Run: the recorded definition is the handler's, or the previous one of a declared
+    /// transition that the handler is the old side of.
+    Accept,
+    /// Record the handler's definition, with `previous` as the definition its keys
+    /// replace (a declared transition), then run.
+    Record { previous: Option<String> },
+    /// The definitions differ: refuse while the scope has keys; otherwise record.
+    Changed,
+}
+
+/// The decision for a handler of definition `ours` (previous definition `our_previous`,
+/// declared with `previous_key`) on a scope that recorded `recorded` and
+/// `recorded_previous`.
+fn decide(
+    recorded: Option<&str>,
+    recorded_previous: Option<&str>,
+    ours: &str,
+    our_previous: Option<&str>,
+) -> Decision {
+    let Some(recorded) = recorded else {
+        // Recorded by a release that kept no definition, or shared with such a handler.
+        return Decision::Record { previous: None };
+    };
+    if recorded == ours {
+        return match (recorded_previous, our_previous) {
+            // The transition is over: the new build no longer declares the old key.
+            (Some(_), None) => Decision::Record { previous: None },
+            _ => Decision::Accept,
+        };
+    }
+    if our_previous == Some(recorded) {
+        return Decision::Record {
+            previous: Some(recorded.to_owned()),
+        };
+    }
+    if recorded_previous == Some(ours) {
+        // A member of the old build during a declared transition: the new build claims
+        // the old keys too.
+        return Decision::Accept;
+    }
+    Decision::Changed
+}
+
+/// Compares the handler's key definition with the one its scope recorded in `row`, and
+/// records it where the decision says so.
+pub(super) async fn check(
+    checked: &Checked<'_>,
+    mut row: crate::store::ScopeRow,
+) -> Result<(), Error> {
+    let Checked {
+        pool,
+        statements,
+        spec,
+        ..
+    } = *checked;
+    let scope = spec.scope;
+    let ours = checked.definition.as_str();
+    let our_previous = checked.previous.as_ref().map(|previous| previous.as_str());
+    // A change that another process recorded meanwhile is decided on again.
+    for _ in 0..3 {
+        let recorded = row.key_definition.as_deref();
+        let previous = match decide(
+            recorded,
+            row.previous_key_definition.as_deref(),
+            ours,
+            our_previous,
+        ) {
+            Decision::Accept => return Ok(()),
+            Decision::Record { previous } => previous,
+            Decision::Changed if statements.has_keys(pool, scope).await? => {
+                return Err(changed(checked, recorded.unwrap_or_default()));
+            }
+            Decision::Changed => None,
+        };
+        let change = DefinitionChange {
+            scope,
+            expected: recorded,
+            key_definition: ours,
+            previous_key_definition: previous.as_deref(),
+            message_type: checked.message_type,
+        };
+        match statements.record_key_definition(pool, change).await {
+            Ok(true) => return Ok(()),
+            Ok(false) => row = reread(checked).await?,
+            Err(error) if permission_denied(&error) => {
+                // Grants older than the key definition: the handler runs as before, and
+                // the definition is left to a role that may record it.
+                tracing::warn!(
+                    scope,
+                    %error,
+                    "idem: the key definition of the scope could not be recorded; grant the consumer's role what `idem_runtime::privileges` lists"
+                );
+                return Ok(());
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+    Err(Error::Database(sqlx::Error::RowNotFound))
+}
+
+/// The scope's row as recorded now.
+async fn reread(checked: &Checked<'_>) -> Result<ScopeRow, Error> {
+    super::owner::register(checked).await
+}
+
+fn permission_denied(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("42501"))
+}
+
+/// The refusal of a handler whose definition `ours` differs from the recorded one.
+fn changed(checked: &Checked<'_>, recorded: &str) -> Error {
+    let scope = checked.spec.scope;
+    let ours = checked.definition.as_str();
+    let (recorded_key, our_key) = (key_of(recorded), key_of(ours));
+    let what = if recorded_key == our_key {
+        "the payload fingerprint changed, so every duplicate of a recorded key would be refused as another payload"
+    } else {
+        "the key changed, so every fact delivered again would derive another key and run again"
+    };
+    let declare = if recorded_key == our_key {
+        String::new()
+    } else {
+        format!(
+            " declare the change with `previous_key = \"{}\"` next to the new `key`, so that a fact that succeeded under either definition is a duplicate (remove it once no fact of the old key can be delivered again);",
+            fields_of(recorded_key)
+        )
+    };
+    let message = format!(
+        "scope `{scope}` has keys derived as `{recorded}`, and this handler derives them as `{ours}`: {what}. Revert the change;{declare} or, if the keys are the same for every fact (a key field renamed), call `Idem::release_scope(\"{scope}\")` (`idem scopes release {scope}`) once the old version has stopped, and the next run records the new definition"
+    );
+    Error::Refused(Refusal::KeyChanged(KeyChanged::new(
+        scope, recorded, ours, message,
+    )))
+}
+
+/// The key's part of a definition: `key(order_id s, event_type s)`.
+fn key_of(definition: &str) -> &str {
+    let start = definition.find(" key(").map_or(0, |at| at + 1);
+    let rest = &definition[start..];
+    let mut depth = 0_usize;
+    for (at, character) in rest.char_indices() {
+        match character {
+            '(' | '[' => depth += 1,
+            ')' | ']' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return &rest[..=at];
+                }
+            }
+            _ => {}
+        }
+    }
+    rest
+}
+
+/// The field paths of a definition's key: `order_id, event_type`.
+fn fields_of(key: &str) -> String {
+    let inner = key
+        .strip_prefix("key(")
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or(key);
+    inner
+        .split(", ")
+        .map(|part| part.split(' ').next().unwrap_or(part))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "idem:v1 key(order_id s)";
+    const B: &str = "idem:v1 key(event_id u)";
+
+    #[test]
+    fn a_definition_is_kept_or_changed_only_by_a_declared_transition() {
+        let record = |previous: Option<&str>| Decision::Record {
+            previous: previous.map(str::to_owned),
+        };
+        // First recorded, or recorded by an earlier release.
+        assert_eq!(decide(None, None, A, None), record(None));
+        assert_eq!(decide(Some(A), None, A, None), Decision::Accept);
+        // Changed without a declaration.
+        assert_eq!(decide(Some(A), None, B, None), Decision::Changed);
+        // The new build declares the old key: the transition starts.
+        assert_eq!(decide(Some(A), None, B, Some(A)), record(Some(A)));
+        // During it: the new build, and the old build, run.
+        assert_eq!(decide(Some(B), Some(A), B, Some(A)), Decision::Accept);
+        assert_eq!(decide(Some(B), Some(A), A, None), Decision::Accept);
+        // The new build without `previous_key` ends it; the old build is refused after.
+        assert_eq!(decide(Some(B), Some(A), B, None), record(None));
+        assert_eq!(decide(Some(B), None, A, None), Decision::Changed);
+        // A transitional build still running after the end runs (it claims both keys).
+        assert_eq!(decide(Some(B), None, B, Some(A)), Decision::Accept);
+        // A declaration of another old key is a change.
+        assert_eq!(
+            decide(Some(A), None, B, Some("idem:v1 key(x s)")),
+            Decision::Changed
+        );
+    }
+
+    #[test]
+    fn the_refusal_names_the_old_key_fields() {
+        let recorded = "idem:v1 key(order_ref s, order_no i) fingerprint(amount i)";
+        assert_eq!(key_of(recorded), "key(order_ref s, order_no i)");
+        assert_eq!(fields_of(key_of(recorded)), "order_ref, order_no");
+        assert_eq!(
+            key_of("idem:v1 key(a.b l[s], c l(s,i)) fingerprint(d i)"),
+            "key(a.b l[s], c l(s,i))"
+        );
+        assert_eq!(fields_of("key(a.b l[s], c l(s,i))"), "a.b, c");
+    }
+}

@@ -1,0 +1,279 @@
+//! Scope identity: two handlers never share a scope by accident, and a handler keeps its
+//! scope's keys across deploys, renames and key changes, or is refused before it claims
+//! anything.
+//!
+//! A scope is the handler's identity in the status table: two handlers with one scope
+//! and one key answer each other's messages, so the second one's body never runs; a
+//! handler that derives other keys for the same facts, or that moved to another scope,
+//! runs every redelivered fact again. The default scope is the handler's module path and
+//! name (`billing::handle`), which keeps apart handlers of the same name in other modules.
+//! What can still go wrong is checked when a handler first runs in a process, before
+//! anything is claimed, and refused with a [`Disposition::Halt`](crate::Disposition)
+//! error:
+//!
+//! - **Two handlers on one scope** ([`ScopeConflict`]). In the process, per runtime
+//!   handle: another handler with the same scope (a function of another name with the same
+//!   `scope = "..."`, a method of the same name in another `impl` block, another
+//!   instantiation of a generic handler). In the database: the first run of a scope
+//!   records the crate and the handler that declare it in `idem_scopes` (the handler as
+//!   the compiler names its path, e.g. `my_service::billing::Ledger::handle`); another
+//!   crate (another service sharing the database) with the scope is refused, and so is
+//!   another handler of the same crate while the binary has that handler too, or several
+//!   handlers of the scope. A handler whose recorded owner is no handler of the binary
+//!   (it was renamed or moved, its `scope` kept, or turned into a method) takes the scope
+//!   over: its keys are its own.
+//! - **A key that changed** ([`KeyChanged`]). The first run also records the scope's key
+//!   definition: the encoding's version, the key's field paths in order with the shape of
+//!   each part's encoding, and the fingerprint's fields
+//!   (`idem:v1 key(order_id s, event_type s) fingerprint(amount_cents i)`). A handler
+//!   whose definition differs is refused while the scope has keys. A part whose type
+//!   changes to one that encodes alike (`i32` to `i64`) keeps the definition. A key changed
+//!   on purpose is declared with `previous_key = "<the old key fields>"`: a delivery is
+//!   then a duplicate when its fact succeeded under either definition, and the keys of
+//!   both are claimed in the one transaction, so that members of the old and of the new
+//!   build deliver the same fact exactly once between them. Once no fact that succeeded
+//!   under the old definition alone can be delivered again (its keys are past the
+//!   retention window, and `previous_key_seen_at` in `idem_scopes` is older than the
+//!   longest redelivery), the argument is removed; the next run of the new build records
+//!   that the transition is over, and a build of the old definition is refused from then on.
+//! - **A handler renamed or moved** ([`HandlerMoved`]). A handler without `scope` whose
+//!   default scope has no keys, while a scope of its crate with the same message type and
+//!   key definition has keys and no handler in the binary, is that handler renamed or
+//!   moved: it is refused with the old scope named, and `scope = "<the old scope>"` keeps
+//!   the keys. A second handler of the same message type and key in the binary (a fan-out)
+//!   is not refused: the first one's scope has a handler here (see the registry of the
+//!   handlers compiled into the binary, `registry`).
+//!
+//! A scope shared on purpose is declared so by every handler that uses it
+//! (`#[idempotent(scope = "payments", shared_scope = true)]`); it then records no owner.
+//!
+//! Renaming a crate makes its handlers conflict with the recorded owner: once the old
+//! version has stopped, [`Idem::release_scope`](crate::Idem::release_scope) forgets the
+//! owner and the key definition, and the next handler that runs with the scope records
+//! itself. The same call accepts a definition that changed without changing the keys (a
+//! key field renamed).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use sqlx::PgPool;
+
+use crate::handler::HandlerSpec;
+use crate::key::definition::{KeyDefinition, KeyLayout};
+pub use crate::outcome::{HandlerMoved, KeyChanged, ScopeConflict};
+use crate::registry::Registry;
+use crate::store::Statements;
+
+mod definition;
+mod moved;
+mod owner;
+
+/// A handler's identity in the process: the path of the function that calls the runner
+/// (its module, its `impl` type, its generic arguments), from the type name of the body
+/// closure. Recorded as the scope's handler in the database.
+pub(crate) fn handler_identity<F>() -> &'static str {
+    let mut name = std::any::type_name::<F>();
+    while let Some(outer) = name.strip_suffix("::{{closure}}") {
+        name = outer;
+    }
+    // `<handler>_batch`, generated by `batch = true`, is the same handler.
+    name.strip_suffix("_batch").unwrap_or(name)
+}
+
+/// The crate that declares a handler: the first segment of its module path.
+fn owner_crate(spec: &HandlerSpec, identity: &'static str) -> &'static str {
+    let path = spec.declared_in.unwrap_or(identity);
+    path.split("::").next().unwrap_or(path)
+}
+
+/// The name of a message type without its module path and generic arguments
+/// (`app::events::OrderEvent<T>` is `OrderEvent`), as the scope records it.
+fn message_type_name(full: &str) -> &str {
+    let full = full.trim_start_matches('&');
+    let plain = full.split('<').next().unwrap_or(full);
+    plain.rsplit("::").next().unwrap_or(plain)
+}
+
+/// What the process knows about the scopes its handlers ran with.
+#[derive(Debug, Default)]
+pub(crate) struct Scopes {
+    seen: Mutex<Seen>,
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    /// The first handler that ran with each scope.
+    first: HashMap<&'static str, Handler>,
+    /// The handlers checked against the database, with their scopes.
+    checked: HashSet<(&'static str, &'static str)>,
+}
+
+/// A handler as the in-process check compares it.
+#[derive(Debug, Clone, Copy)]
+struct Handler {
+    identity: &'static str,
+    shared: bool,
+}
+
+impl Scopes {
+    /// Checks that `spec.scope` belongs to the handler `identity` and that the handler
+    /// derives the scope's keys as they were derived (`layout`), in the process and in
+    /// the database (the first time the handler runs with the handle only).
+    pub(crate) async fn check(
+        &self,
+        pool: &PgPool,
+        statements: &Statements,
+        spec: &HandlerSpec,
+        identity: &'static str,
+        layout: &KeyLayout<'_>,
+    ) -> Result<(), Error> {
+        let ours = Handler {
+            identity,
+            shared: spec.shared_scope,
+        };
+        if let Some((first, checked)) = self.lookup(spec.scope, identity) {
+            owner::compare(spec.scope, first, ours)?;
+            if checked {
+                return Ok(());
+            }
+        }
+        owner::check_name(spec.scope)?;
+        let handler = Checked {
+            pool,
+            statements,
+            spec,
+            identity,
+            crate_name: owner_crate(spec, identity),
+            definition: layout.current(),
+            previous: layout.previous(),
+            message_type: message_type_name((layout.message_type)()),
+            registry: Registry::get(),
+        };
+        handler.check().await?;
+        let mut seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let first = *seen.first.entry(spec.scope).or_insert(ours);
+        seen.checked.insert((spec.scope, identity));
+        drop(seen);
+        owner::compare(spec.scope, first, ours)
+    }
+
+    /// The first handler of `scope` in the process, and whether `identity` was checked
+    /// against the database.
+    fn lookup(&self, scope: &str, identity: &str) -> Option<(Handler, bool)> {
+        let seen = self
+            .seen
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner());
+        let first = *seen.first.get(scope)?;
+        Some((first, seen.checked.contains(&(scope, identity))))
+    }
+}
+
+/// One handler's check against the database.
+struct Checked<'a> {
+    pool: &'a PgPool,
+    statements: &'a Statements,
+    spec: &'a HandlerSpec,
+    identity: &'static str,
+    crate_name: &'static str,
+    definition: KeyDefinition,
+    previous: Option<KeyDefinition>,
+    message_type: &'a str,
+    registry: &'static Registry,
+}
+
+impl Checked<'_> {
+    /// A handler renamed or moved away from its keys, then the scope's owner and its key
+    /// definition.
+    async fn check(&self) -> Result<(), Error> {
+        if self.spec.default_scope && !self.spec.shared_scope {
+            moved::refuse_if_moved(self).await?;
+        }
+        let row = owner::register(self).await?;
+        definition::check(self, row).await
+    }
+}
+
+/// Why the check failed.
+#[derive(Debug)]
+pub(crate) enum Error {
+    /// The handler must not run (a deployment error).
+    Refused(Refusal),
+    Database(sqlx::Error),
+}
+
+/// Why a handler must not run with its scope.
+#[derive(Debug, Clone)]
+pub(crate) enum Refusal {
+    Conflict(ScopeConflict),
+    KeyChanged(KeyChanged),
+    Moved(HandlerMoved),
+}
+
+impl From<Refusal> for Error {
+    fn from(refusal: Refusal) -> Self {
+        Error::Refused(refusal)
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(error: sqlx::Error) -> Self {
+        Error::Database(error)
+    }
+}
+
+impl<E> From<Refusal> for crate::Error<E> {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::Conflict(conflict) => crate::Error::ScopeConflict(conflict),
+            Refusal::KeyChanged(changed) => crate::Error::KeyChanged(changed),
+            Refusal::Moved(moved) => crate::Error::HandlerMoved(moved),
+        }
+    }
+}
+
+impl<E> From<Error> for crate::Error<E> {
+    fn from(error: Error) -> Self {
+        match error {
+            Error::Refused(refusal) => refusal.into(),
+            Error::Database(error) => crate::Error::Database(error),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_name_the_calling_function() {
+        fn identity_of<F>(_: &F) -> &'static str {
+            handler_identity::<F>()
+        }
+        fn handle() -> &'static str {
+            let body = || ();
+            identity_of(&body)
+        }
+        fn handle_batch() -> &'static str {
+            let body = || ();
+            identity_of(&body)
+        }
+        fn generic<T: Default>() -> &'static str {
+            let body = || T::default();
+            identity_of(&body)
+        }
+        assert!(handle().ends_with("::handle"), "{}", handle());
+        assert_eq!(handle(), handle_batch());
+        assert_ne!(generic::<u8>(), generic::<String>());
+    }
+
+    #[test]
+    fn message_types_are_recorded_by_name() {
+        assert_eq!(message_type_name("app::events::OrderEvent"), "OrderEvent");
+        assert_eq!(message_type_name("&app::Envelope<app::Order>"), "Envelope");
+        assert_eq!(message_type_name("OrderEvent"), "OrderEvent");
+    }
+}

@@ -1,0 +1,311 @@
+//! What a scope records of its handler survives a deploy, checked at the handler's first
+//! delivery: a key derived otherwise is refused (`Error::KeyChanged`) while the scope has
+//! keys, a declared change (`previous_key`) answers facts of either definition, a handler
+//! without `scope` renamed or moved away from its keys is refused (`Error::HandlerMoved`),
+//! and a handler renamed with its `scope` kept takes the scope over. The rows an earlier
+//! build left are written here as that build would have; the scenario suite of `tests/`
+//! runs the builds themselves as processes.
+use crate::support::orders::{EventType, OrderEvent};
+use crate::support::testing;
+use idem_runtime::key::KeyBuilder;
+use idem_runtime::{Disposition, Error, Idem, Outcome, idempotent};
+use sqlx::{PgConnection, PgPool};
+
+#[idempotent(key = "order_id, event_type", scope = "identity_orders")]
+async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
+    testing::insert_effect(tx, event).await
+}
+
+#[idempotent(
+    key = "event_key",
+    previous_key = "order_id, event_type",
+    scope = "identity_rekeyed"
+)]
+async fn apply_rekeyed(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
+    testing::insert_effect(tx, event).await
+}
+
+// No `scope`: `protocol::scope_identity_across_deploys::settle` and `::notify`, two
+// handlers of one message and key (a fan-out).
+#[idempotent(key = "order_id")]
+async fn settle(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
+    testing::insert_effect(tx, event).await
+}
+
+#[idempotent(key = "order_id")]
+async fn notify(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
+    testing::insert_effect(tx, event).await
+}
+
+const SETTLE: &str = "protocol::scope_identity_across_deploys::settle";
+
+fn event(order_id: &str) -> OrderEvent {
+    let mut event = testing::paid(order_id, 100);
+    // The producer's key of the fact, derived from the order.
+    event.event_key = Some(
+        idem_runtime::key::key_of(&[&"event", &order_id])
+            .unwrap()
+            .as_uuid(),
+    );
+    event
+}
+
+async fn effects(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM order_effects")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+async fn scope_column(pool: &PgPool, scope: &str, column: &str) -> Option<String> {
+    sqlx::query_scalar(&format!(
+        "SELECT {column}::text FROM idem.idem_scopes WHERE scope = $1"
+    ))
+    .bind(scope)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// What a build whose handler derived its keys as `definition` recorded for `scope`.
+async fn recorded_by_earlier_build(pool: &PgPool, scope: &str, definition: &str) {
+    sqlx::query(
+        "INSERT INTO idem.idem_scopes (scope, owner, handler, shared, key_definition, message_type) \
+         VALUES ($1, 'protocol', NULL, false, $2, 'OrderEvent') \
+         ON CONFLICT (scope) DO UPDATE SET key_definition = EXCLUDED.key_definition",
+    )
+    .bind(scope)
+    .bind(definition)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// A fact that succeeded under `key` in `scope`.
+async fn succeeded(pool: &PgPool, scope: &str, key: uuid::Uuid, result: &str) {
+    sqlx::query(
+        "INSERT INTO idem.idem_keys (scope, key, status, attempts, result) \
+         VALUES ($1, $2, 'success', 1, $3::json)",
+    )
+    .bind(scope)
+    .bind(key)
+    .bind(result)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+fn old_key(order_id: &str) -> uuid::Uuid {
+    KeyBuilder::new()
+        .part("order_id", order_id)
+        .unwrap()
+        .part("event_type", &EventType::Paid)
+        .unwrap()
+        .finish()
+        .as_uuid()
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_first_delivery_records_what_the_keys_are_made_of(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    assert!(apply(&idem, &event("o-1")).await.unwrap().is_executed());
+    assert_eq!(
+        scope_column(&pool, "identity_orders", "key_definition")
+            .await
+            .as_deref(),
+        Some("idem:v1 key(order_id s, event_type s)")
+    );
+    assert_eq!(
+        scope_column(&pool, "identity_orders", "message_type")
+            .await
+            .as_deref(),
+        Some("OrderEvent")
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_key_derived_otherwise_is_refused_while_the_scope_has_keys(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    assert!(apply(&idem, &event("o-1")).await.unwrap().is_executed());
+    // The build before this one keyed the scope on the order alone.
+    let earlier = "idem:v1 key(order_id s)";
+    sqlx::query("UPDATE idem.idem_scopes SET key_definition = $1 WHERE scope = 'identity_orders'")
+        .bind(earlier)
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let deployed = Idem::new(pool.clone());
+    let error = apply(&deployed, &event("o-2")).await.unwrap_err();
+    assert_eq!(error.disposition(), Disposition::Halt);
+    let Error::KeyChanged(changed) = &error else {
+        panic!("expected KeyChanged, got {error:?}");
+    };
+    assert_eq!(changed.scope(), "identity_orders");
+    assert_eq!(changed.recorded(), earlier);
+    assert_eq!(changed.current(), "idem:v1 key(order_id s, event_type s)");
+    let text = error.to_string();
+    for needle in [
+        earlier,
+        "previous_key = \"order_id\"",
+        "release_scope(\"identity_orders\")",
+    ] {
+        assert!(text.contains(needle), "{needle:?} not in {text}");
+    }
+    assert_eq!(effects(&pool).await, 1, "nothing ran");
+    // Refused on every delivery, not only the first.
+    assert!(matches!(
+        apply(&deployed, &event("o-3")).await,
+        Err(Error::KeyChanged(_))
+    ));
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_key_changed_on_a_scope_without_keys_is_recorded(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    recorded_by_earlier_build(&pool, "identity_orders", "idem:v1 key(order_id s)").await;
+    assert!(apply(&idem, &event("o-1")).await.unwrap().is_executed());
+    assert_eq!(
+        scope_column(&pool, "identity_orders", "key_definition")
+            .await
+            .as_deref(),
+        Some("idem:v1 key(order_id s, event_type s)")
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_declared_key_change_answers_facts_of_either_definition(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    let old = "idem:v1 key(order_id s, event_type s)";
+    recorded_by_earlier_build(&pool, "identity_rekeyed", old).await;
+    succeeded(&pool, "identity_rekeyed", old_key("o-old"), "7").await;
+
+    // A fact that succeeded under the old key: a duplicate, with the result stored then.
+    assert_eq!(
+        apply_rekeyed(&idem, &event("o-old")).await.unwrap(),
+        Outcome::Duplicate(Some(7))
+    );
+    assert!(
+        scope_column(&pool, "identity_rekeyed", "previous_key_seen_at")
+            .await
+            .is_some()
+    );
+    // A new fact runs once and claims both keys, so a build of the old key finds it done.
+    let fresh = event("o-new");
+    let Outcome::Executed(id) = apply_rekeyed(&idem, &fresh).await.unwrap() else {
+        panic!("a new fact runs");
+    };
+    let stored: Vec<(uuid::Uuid, Option<String>)> = sqlx::query_as(
+        "SELECT key, result::text FROM idem.idem_keys WHERE scope = 'identity_rekeyed' AND key = ANY($1) ORDER BY key",
+    )
+    .bind({
+        let keys = apply_rekeyed_key(&fresh).unwrap();
+        assert_eq!(keys.previous_key().map(|key| key.as_uuid()), Some(old_key("o-new")));
+        vec![keys.previous_key().unwrap().as_uuid(), keys.key().as_uuid()]
+    })
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(stored.len(), 2, "{stored:?}");
+    assert!(
+        stored
+            .iter()
+            .all(|(_, result)| result.as_deref() == Some(&*id.to_string()))
+    );
+    assert!(apply_rekeyed(&idem, &fresh).await.unwrap().is_duplicate());
+    // The scope records the transition.
+    assert_eq!(
+        scope_column(&pool, "identity_rekeyed", "key_definition")
+            .await
+            .as_deref(),
+        Some("idem:v1 key(event_key u)")
+    );
+    assert_eq!(
+        scope_column(&pool, "identity_rekeyed", "previous_key_definition")
+            .await
+            .as_deref(),
+        Some(old)
+    );
+    assert_eq!(effects(&pool).await, 1);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_handler_renamed_or_moved_away_from_its_keys_is_refused(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    // `settle` was `protocol::billing::settle` in the build before: its scope has keys,
+    // and no handler of this binary has it.
+    let before = "protocol::billing::settle";
+    recorded_by_earlier_build(&pool, before, "idem:v1 key(order_id s)").await;
+    succeeded(
+        &pool,
+        before,
+        KeyBuilder::new()
+            .part("order_id", "o-1")
+            .unwrap()
+            .finish()
+            .as_uuid(),
+        "1",
+    )
+    .await;
+
+    let error = settle(&idem, &event("o-1")).await.unwrap_err();
+    assert_eq!(error.disposition(), Disposition::Halt);
+    let Error::HandlerMoved(moved) = &error else {
+        panic!("expected HandlerMoved, got {error:?}");
+    };
+    assert_eq!((moved.scope(), moved.previous_scope()), (SETTLE, before));
+    let text = error.to_string();
+    assert!(text.contains(&format!("scope = \"{before}\"")), "{text}");
+    assert_eq!(effects(&pool).await, 0, "nothing ran");
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_second_handler_of_the_same_message_and_key_runs(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    // `settle` ran in the build before; `notify` is new, with the same message and key.
+    for order in ["o-1", "o-2"] {
+        assert!(settle(&idem, &event(order)).await.unwrap().is_executed());
+    }
+    let deployed = Idem::new(pool.clone());
+    for order in ["o-1", "o-2"] {
+        assert!(
+            notify(&deployed, &event(order))
+                .await
+                .unwrap()
+                .is_executed()
+        );
+        assert!(
+            settle(&deployed, &event(order))
+                .await
+                .unwrap()
+                .is_duplicate()
+        );
+    }
+    assert_eq!(effects(&pool).await, 4);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_handler_renamed_with_its_scope_kept_takes_the_scope_over(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    assert!(apply(&idem, &event("o-1")).await.unwrap().is_executed());
+    // The build before named the handler otherwise, or had it as a method.
+    sqlx::query("UPDATE idem.idem_scopes SET handler = 'protocol::orders::Ledger::apply' WHERE scope = 'identity_orders'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let deployed = Idem::new(pool.clone());
+    assert!(
+        apply(&deployed, &event("o-1"))
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+    assert!(apply(&deployed, &event("o-2")).await.unwrap().is_executed());
+    // The first handler recorded stays, for the build before (a rollback).
+    assert_eq!(
+        scope_column(&pool, "identity_orders", "handler")
+            .await
+            .as_deref(),
+        Some("protocol::orders::Ledger::apply")
+    );
+}
