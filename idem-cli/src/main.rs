@@ -9,6 +9,7 @@
 //!   keys retry|release [selection] [--dry-run]
 //!   purge [--older-than AGE] [--scope-window S=AGE]... [--dry-run]
 //!   stats
+//!   scopes [list] | scopes release SCOPE  the scopes recorded (owner, key definition) / forget one
 //! ```
 //!
 //! The connection comes from `-D/--database-url`, else `DATABASE_URL`, else the libpq
@@ -99,6 +100,25 @@ enum Command {
     Purge(PurgeArgs),
     /// Keys per scope and status, the oldest lease in progress, the table's size.
     Stats,
+    /// The scopes recorded, with their owners and key definitions, or release one.
+    Scopes {
+        #[command(subcommand)]
+        action: Option<ScopesAction>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ScopesAction {
+    /// List the scopes (the default): owner, key definition, a declared key change
+    /// (`previous_key`) and the last delivery that the previous key answered alone.
+    List,
+    /// Forget what the database records of a scope (its owner and key definition), once
+    /// the old version of its handler has stopped: after a crate renamed, a key field
+    /// renamed, or to retire a handler whose keys a new one must not be taken for.
+    Release {
+        /// The scope.
+        scope: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -262,6 +282,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Stats => {
             admin::ensure_migrated(&idem).await?;
             out.stats(&admin::stats(&idem).await?);
+            Ok(())
+        }
+        Command::Scopes { action } => {
+            admin::ensure_migrated(&idem).await?;
+            match action.unwrap_or(ScopesAction::List) {
+                ScopesAction::List => out.scopes(&admin::scopes(&idem).await?),
+                ScopesAction::Release { scope } => {
+                    let released = admin::release_scope(&idem, &scope).await?;
+                    out.released_scope(&scope, released);
+                }
+            }
             Ok(())
         }
     }

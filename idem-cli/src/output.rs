@@ -1,6 +1,6 @@
 //! What the commands print: aligned tables for people, one JSON document with `--json`.
 
-use idem_runtime::admin::{Change, Cursor, KeyRow, MigrationState, Stats};
+use idem_runtime::admin::{Change, Cursor, KeyRow, MigrationState, ScopeInfo, Stats};
 use idem_runtime::retention::PurgeReport;
 use serde::Serialize;
 
@@ -320,6 +320,61 @@ impl Output {
                 window.scope,
                 duration(window.retention_ms)
             );
+        }
+    }
+
+    /// The scopes the status table records, with what their keys are made of.
+    pub fn scopes(&self, scopes: &[ScopeInfo]) {
+        if self.json {
+            self.json(&serde_json::json!({ "scopes": scopes }));
+            return;
+        }
+        let rows: Vec<Vec<String>> = scopes
+            .iter()
+            .map(|scope| {
+                let owner = if scope.shared {
+                    "(shared)".to_owned()
+                } else {
+                    scope
+                        .handler
+                        .clone()
+                        .or(scope.owner.clone())
+                        .unwrap_or_default()
+                };
+                vec![
+                    scope.scope.clone(),
+                    owner,
+                    scope
+                        .key_definition
+                        .clone()
+                        .unwrap_or_else(|| "(not recorded)".to_owned()),
+                ]
+            })
+            .collect();
+        out!("{}", table(&["SCOPE", "HANDLER", "KEY DEFINITION"], &rows));
+        for scope in scopes {
+            if let Some(previous) = &scope.previous_key_definition {
+                let seen = scope
+                    .previous_key_seen_at
+                    .as_ref()
+                    .map_or("never".to_owned(), time);
+                outln!(
+                    "{}: key changed from `{previous}` (previous_key) since {}; last delivery answered by the previous key alone: {seen}",
+                    scope.scope,
+                    scope.key_defined_at.as_ref().map_or("-".to_owned(), time),
+                );
+            }
+        }
+    }
+
+    /// The result of `scopes release`.
+    pub fn released_scope(&self, scope: &str, released: bool) {
+        if self.json {
+            self.json(&serde_json::json!({ "scope": scope, "released": released }));
+        } else if released {
+            outln!("scope {scope}: released; the next handler that runs with it records itself");
+        } else {
+            outln!("scope {scope}: not recorded, nothing to release");
         }
     }
 }

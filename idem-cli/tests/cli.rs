@@ -202,6 +202,102 @@ async fn migrate_applies_and_status_exits_non_zero_while_pending(pool: PgPool) {
 }
 
 #[sqlx::test(migrations = false)]
+async fn migrate_status_shows_the_migrations_of_a_later_release(pool: PgPool) {
+    let url = url(&pool, None);
+    ok(idem(&url, &["migrate"]));
+    // A later release's migration, applied on the same database (a rolling upgrade, or
+    // a rollback to this release).
+    sqlx::query(
+        "INSERT INTO idem._sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9001, 'a later release', TRUE, '\\x00', 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let status = ok(idem(&url, &["migrate", "status", "--json"])).json();
+    assert_eq!(
+        (status["pending"].as_u64(), status["unknown"].as_u64()),
+        (Some(0), Some(1)),
+        "{status}"
+    );
+    let last = status["migrations"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (last["version"].as_i64(), last["known"].as_bool()),
+        (Some(9001), Some(false)),
+        "{last}"
+    );
+    let human = ok(idem(&url, &["migrate", "status"]));
+    assert!(
+        human
+            .stdout
+            .contains("9001     applied, unknown  a later release"),
+        "{}",
+        human.stdout
+    );
+    assert!(
+        human.stdout.contains("applied by a later release of idem"),
+        "{}",
+        human.stdout
+    );
+    // Migrating again keeps it, and the other commands work.
+    ok(idem(&url, &["migrate"]));
+    ok(idem(&url, &["stats"]));
+}
+
+#[sqlx::test(migrations = false)]
+async fn scopes_lists_owners_and_key_definitions_and_releases_one(pool: PgPool) {
+    let _idem = setup(&pool).await;
+    let url = url(&pool, None);
+    let listed = ok(idem(&url, &["scopes", "--json"])).json();
+    let scopes = listed["scopes"].as_array().unwrap();
+    assert_eq!(scopes.len(), 1, "{listed}");
+    assert_eq!(scopes[0]["scope"], "cli::ship");
+    assert_eq!(scopes[0]["owner"], "cli");
+    assert_eq!(
+        scopes[0]["key_definition"],
+        "idem:v1 key(order_id s, seq i)"
+    );
+    assert!(scopes[0]["previous_key_definition"].is_null(), "{listed}");
+    let human = ok(idem(&url, &["scopes"]));
+    assert!(human.stdout.starts_with("SCOPE"), "{}", human.stdout);
+    assert!(
+        human.stdout.contains("idem:v1 key(order_id s, seq i)"),
+        "{}",
+        human.stdout
+    );
+
+    // A declared key change in progress shows, with its last use.
+    sqlx::query(
+        "UPDATE idem.idem_scopes SET previous_key_definition = 'idem:v1 key(order_id s)', \
+         previous_key_seen_at = now() WHERE scope = 'cli::ship'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let human = ok(idem(&url, &["scopes", "list"]));
+    assert!(
+        human
+            .stdout
+            .contains("cli::ship: key changed from `idem:v1 key(order_id s)` (previous_key)"),
+        "{}",
+        human.stdout
+    );
+
+    let released = ok(idem(&url, &["scopes", "release", "cli::ship", "--json"])).json();
+    assert_eq!(released["released"], true);
+    let again = ok(idem(&url, &["scopes", "release", "cli::ship"]));
+    assert!(again.stdout.contains("not recorded"), "{}", again.stdout);
+    let listed = ok(idem(&url, &["scopes", "--json"])).json();
+    assert_eq!(listed["scopes"].as_array().unwrap().len(), 0, "{listed}");
+    assert_eq!(shipments_keys(&pool).await, 7, "the keys stay");
+}
+
+#[sqlx::test(migrations = false)]
 async fn a_missing_schema_is_exit_code_5(pool: PgPool) {
     let url = url(&pool, None);
     for args in [

@@ -154,9 +154,12 @@ impl Idem {
         crate::retention::RetentionTask::spawn(self.clone())
     }
 
-    /// Forgets which crate owns `scope` (see [`scope`](crate::scope)), after the crate
-    /// that declares its handler was renamed: the next handler that runs with the scope
-    /// records its own crate. The scope's keys stay. Returns whether an owner was recorded.
+    /// Forgets what the database records of `scope` (see [`scope`](crate::scope)): the
+    /// crate and handler that own it and what its keys are made of. The next handler that
+    /// runs with the scope records its own. The scope's keys stay. For a crate renamed,
+    /// for a key definition that changed without changing the keys (a key field renamed),
+    /// or for a retired handler whose keys a new handler must not be taken for; call it
+    /// once the old version has stopped. Returns whether the scope was recorded.
     pub async fn release_scope(&self, scope: &str) -> Result<bool, sqlx::Error> {
         self.statements().release_scope(self.pool(), scope).await
     }

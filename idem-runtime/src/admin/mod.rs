@@ -12,6 +12,8 @@
 //! - [`release_keys`]: `failed` and `parked` keys are deleted: the next delivery is a first
 //!   delivery, whatever its payload (the recorded fingerprint goes with the row);
 //! - [`stats`]: counts per scope and status, the oldest lease in progress, the table's size;
+//! - [`scopes`] and [`release_scope`]: the scopes recorded, as [`ScopeInfo`] (owner, key
+//!   definition, a declared key change and its last use), and forgetting one;
 //! - [`KeyField`] and [`key_from_fields`]: a key from field values as a producer gives
 //!   them, derived as `#[idempotent]` derives it.
 //!
@@ -24,12 +26,14 @@ use crate::key::KeyError;
 mod fields;
 mod keys;
 mod migrations;
+mod scopes;
 mod stats;
 
 pub use crate::store::{KeyFilter, KeyRow};
 pub use fields::{FieldValue, KeyField, key_from_fields};
 pub use keys::{Change, Cursor, list_keys, release_keys, retry_keys, show_key};
 pub use migrations::{MigrationState, ensure_migrated, migration_status};
+pub use scopes::{ScopeInfo, release_scope, scopes};
 pub use stats::{OldestLease, ScopeWindow, Stats, StatusCount, stats};
 
 /// Why an operator's request failed.

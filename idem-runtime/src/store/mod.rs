@@ -34,6 +34,7 @@ pub(crate) use grants::consumer_grants;
 pub(crate) use lease::LeaseClaim;
 pub use migrate::{MIGRATOR, migrate_schema};
 pub(crate) use retention::Windows;
+pub use scopes::ScopeInfo;
 pub(crate) use scopes::{DefinitionChange, ScopeRegistration, ScopeRow};
 
 use sql::{Protocol, Query, Value};

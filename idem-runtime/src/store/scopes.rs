@@ -1,6 +1,8 @@
 //! The statements of the scope registry (`idem_scopes`), the cache's namespace
 //! (`idem_instance`) and the session's settings.
 
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 use sqlx::{PgPool, Row};
 
 use super::Statements;
@@ -25,6 +27,8 @@ pub(super) struct Sql {
     moved_from: String,
     /// Forgets a scope's owner.
     release_scope: String,
+    /// Every scope, for operators.
+    scopes: String,
     /// The status table's identity and the cache's secret.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     instance: String,
@@ -83,6 +87,11 @@ impl Sql {
                  LIMIT 1"
             ),
             release_scope: format!("DELETE FROM {schema}.idem_scopes WHERE scope = $1"),
+            scopes: format!(
+                "SELECT scope, owner, handler, shared, retention_ms, key_definition, key_defined_at, \
+                        previous_key_definition, previous_key_seen_at, message_type, created_at \
+                 FROM {schema}.idem_scopes ORDER BY scope"
+            ),
             instance: format!(
                 "SELECT id::text || ':' || current_database() || ':' || '{schema}' AS identity, \
                         cache_secret \
@@ -90,6 +99,38 @@ impl Sql {
             ),
         }
     }
+}
+
+/// One scope as `idem_scopes` records it (see [`scope`](crate::scope)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow)]
+#[non_exhaustive]
+pub struct ScopeInfo {
+    /// The scope.
+    pub scope: String,
+    /// The crate that owns it; `None` when shared.
+    pub owner: Option<String>,
+    /// The handler that first ran with it, as the compiler names its path.
+    pub handler: Option<String>,
+    /// Declared shared by its handlers (`shared_scope = true`).
+    pub shared: bool,
+    /// The retention window its handler declares, in milliseconds (`None`: the default).
+    pub retention_ms: Option<i64>,
+    /// What its keys are made of (`idem:v1 key(order_id s) ...`); `None`: recorded by a
+    /// release that kept no definition, until a handler of this release runs.
+    pub key_definition: Option<String>,
+    /// When the current definition was recorded.
+    pub key_defined_at: Option<DateTime<Utc>>,
+    /// The definition that a declared key change (`previous_key`) replaced, while the
+    /// change lasts: deliveries claim the keys of both.
+    pub previous_key_definition: Option<String>,
+    /// The last delivery that a key of the previous definition answered alone: while it
+    /// is recent, facts of the old definition are still being delivered, and
+    /// `previous_key` must stay.
+    pub previous_key_seen_at: Option<DateTime<Utc>>,
+    /// The type of the message its handler takes.
+    pub message_type: Option<String>,
+    /// When the scope was first recorded.
+    pub created_at: DateTime<Utc>,
 }
 
 /// A scope's row, as the registry reads it.
@@ -246,7 +287,14 @@ impl Statements {
         .map(drop)
     }
 
-    /// Forgets the owner of `scope`; whether one was recorded.
+    /// Every scope recorded, by name.
+    pub(crate) async fn scopes(&self, pool: &PgPool) -> Result<Vec<ScopeInfo>, sqlx::Error> {
+        self.query(&self.scopes.scopes, &[])
+            .fetch_all_as(pool)
+            .await
+    }
+
+    /// Forgets the owner and key definition of `scope`; whether they were recorded.
     pub(crate) async fn release_scope(
         &self,
         pool: &PgPool,
