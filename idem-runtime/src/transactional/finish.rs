@@ -60,7 +60,14 @@ impl Delivery<'_> {
             }
             Err(error) if retries.take(&error).await => Step::Again,
             Err(error) if ended_by_body(&error) => {
-                park_ended(idem, spec, &[(key, fingerprint)], xid).await;
+                // The previous definition's key, committed with the body's own COMMIT,
+                // is parked too: a build of that definition must not take it as done.
+                let keys = [
+                    Some((key, fingerprint)),
+                    previous.map(|previous| (previous, fingerprint)),
+                ];
+                let keys: Vec<_> = keys.into_iter().flatten().collect();
+                park_ended(idem, spec, &keys, xid).await;
                 Step::Done(Err(Error::TransactionEnded { key }))
             }
             Err(error) if counts_as_attempt(&error) => {
