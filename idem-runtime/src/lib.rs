@@ -159,7 +159,8 @@
 //! | argument | meaning |
 //! |----------|---------|
 //! | `key = "a, b.c"` or `key(a, b.c)` | **required**: the message fields (paths) that identify the business fact, in order. A field named with a keyword is `type` or `r#type`, a tuple field its index (`pair.0`). Written as identifiers, the fields follow an IDE's renames, and the compiler's errors and suggestions ("a field with a similar name exists") point at the field at fault; inside a string, stable Rust underlines the whole string, and the errors name the field (or its type). `None` in an `Option` field is [`Error::Key`] at run time |
-//! | `scope = "name"` | the handler's stable identity in the status table; default: the handler's module path and name (`concat!(module_path!(), "::apply_payment")`, such as `billing::apply_payment`). Renaming or moving the function changes the default scope, and old keys no longer match: set `scope` before |
+//! | `scope = "name"` | the handler's stable identity in the status table; default: the handler's module path and name (`concat!(module_path!(), "::apply_payment")`, such as `billing::apply_payment`). Renaming or moving the function changes the default scope: the moved handler is refused at its first delivery ([`Error::HandlerMoved`]) until it names its old scope here (see [`scope`]) |
+//! | `previous_key = "a, b"` or `previous_key(a, b)` | a declared change of `key`: the fields the scope's keys were derived from before. A delivery is a duplicate when its fact succeeded under either definition; both keys are claimed in the one transaction, so builds of the old and the new key deliver each fact once between them. Without it, a changed key is refused ([`Error::KeyChanged`]) while the scope has keys. Transaction mode only; remove it once no fact of the old key can be delivered again (see [`scope`]) |
 //! | `shared_scope = true` | with `scope`: other handlers use the same scope on purpose, and each says so; without it, two handlers on one scope are refused at their first run (`Error::ScopeConflict`). Without `scope`, a compile error |
 //! | `fingerprint = "x, y"` or `fingerprint(x, y)` | payload fields compared on every duplicate: the same key with other values is [`Error::PayloadMismatch`]. `None` in an `Option` field is a value here ([`KeyBuilder::fingerprint`](key::KeyBuilder::fingerprint)) |
 //! | `max_attempts = 3` | failed attempts before the key is parked (default: the runtime's, 5) |
@@ -251,8 +252,10 @@
 //!   `<handler>_key` returning [`HandlerKey`]);
 //! - the key encoding ([`key`]: a message keyed today gets the same key from every later
 //!   1.x), the status table's stored format and its migrations ([`MIGRATOR`]): a release
-//!   only adds migrations, which [`Idem::migrate`] applies, and reads what earlier
-//!   releases wrote;
+//!   only adds migrations, which [`Idem::migrate`] applies, reads what earlier releases
+//!   wrote, and keeps working on the schema of the next release (a rolling upgrade, a
+//!   rollback); the default scope of every handler shape, and what a scope records of
+//!   its handler and key definition;
 //! - the metric names and labels listed in [`telemetry`] (labels may be added).
 //!
 //! Not covered: `idem_runtime::__private_v<version>`, the hidden module that generated

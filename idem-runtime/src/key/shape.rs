@@ -2,30 +2,30 @@
 //! the values. A scope records the shapes of its key's parts (see
 //! [`scope`](crate::scope)), so that a deploy whose parts would encode differently, and
 //! so derive other keys for the same facts, is refused before it claims anything.
-//!
-//! | shape | types |
-//! |-------|-------|
-//! | `s` | `str`, `String`, `char`; an enum deriving [`KeyPart`](super::KeyPart) whose variants have no fields |
-//! | `i` | every integer type (they encode alike, so `i32` to `i64` keeps the keys) |
-//! | `b` | `bool` |
-//! | `u` | `Uuid`, [`IdempotencyKey`](super::IdempotencyKey) |
-//! | `t` | `chrono::DateTime<Tz>`, `chrono::NaiveDateTime` |
-//! | `d` | `chrono::NaiveDate` |
-//! | `l[T]` | `[T]`, `[T; N]`, `Vec<T>`: a list of `T` |
-//! | `l(A,B)` | a struct deriving `KeyPart` with several fields |
-//! | `e` | an enum deriving `KeyPart` with a variant that has fields |
-//! | `?` | a type whose shape is not known: a `KeyPart` implemented by hand without [`KeyPartShape`], a field of a generic type |
-//!
-//! `Option<T>`, `&T` and `Box<T>` have the shape of `T`; a struct deriving `KeyPart` with
-//! one field has its field's.
 
 use chrono::{DateTime, NaiveDate, NaiveDateTime, TimeZone};
 use uuid::Uuid;
 
 use super::IdempotencyKey;
 
-/// The shape of a type's key encoding (see the [module docs](self)): what a scope
-/// records of each part of its key.
+/// The shape of a type's key encoding: which tags its values encode with, independent of
+/// the values, as a scope records each part of its key (see [`scope`](crate::scope)).
+///
+/// | shape | types |
+/// |-------|-------|
+/// | `s` | `str`, `String`, `char`; an enum deriving [`KeyPart`](super::KeyPart) whose variants have no fields |
+/// | `i` | every integer type (they encode alike, so `i32` to `i64` keeps the keys) |
+/// | `b` | `bool` |
+/// | `u` | `Uuid`, [`IdempotencyKey`](super::IdempotencyKey) |
+/// | `t` | `chrono::DateTime<Tz>`, `chrono::NaiveDateTime` |
+/// | `d` | `chrono::NaiveDate` |
+/// | `l[T]` | `[T]`, `[T; N]`, `Vec<T>`: a list of `T` |
+/// | `l(A,B)` | a struct deriving `KeyPart` with several fields |
+/// | `e` | an enum deriving `KeyPart` with a variant that has fields |
+/// | `?` | a type whose shape is not known: a `KeyPart` implemented by hand without [`KeyPartShape`], a field of a generic type |
+///
+/// `Option<T>`, `&T` and `Box<T>` have the shape of `T`; a struct deriving `KeyPart` with
+/// one field has its field's.
 ///
 /// Implemented for every [`KeyPart`](super::KeyPart) of this crate, and by
 /// `#[derive(KeyPart)]`. A `KeyPart` implemented by hand may implement it too, writing
