@@ -309,3 +309,124 @@ async fn a_handler_renamed_with_its_scope_kept_takes_the_scope_over(pool: PgPool
         Some("protocol::orders::Ledger::apply")
     );
 }
+
+/// One delivery as a build of the given key definition makes it: the old build claims
+/// `old_key` alone, the new one `new_key` with `old_key` as its previous key.
+async fn deliver_as(
+    idem: &Idem,
+    new_build: bool,
+    order_id: &str,
+) -> Result<Outcome<i64>, Error<sqlx::Error>> {
+    use idem_runtime::__private_v0_1_0::{
+        DefinedPart, HandlerSpec, JsonResult, KeyLayout, MessageKeys, run_transactional,
+    };
+    const SPEC: HandlerSpec = HandlerSpec::new("identity_racing").declared_in("protocol");
+    const OLD: [DefinedPart; 2] = [
+        ("order_id", |shape| shape.push('s')),
+        ("event_type", |shape| shape.push('s')),
+    ];
+    const NEW: [DefinedPart; 1] = [("event_key", |shape| shape.push('u'))];
+    let event = event(order_id);
+    let new_key = KeyBuilder::new()
+        .part("event_key", &event.event_key)
+        .unwrap()
+        .finish();
+    let old = idem_runtime::IdempotencyKey::from_uuid(old_key(order_id));
+    let (layout, keys) = if new_build {
+        let layout = KeyLayout {
+            key: &NEW,
+            fingerprint: None,
+            previous_key: Some(&OLD),
+            message_type: std::any::type_name::<OrderEvent>,
+        };
+        (
+            layout,
+            MessageKeys {
+                key: new_key,
+                fingerprint: None,
+                previous: Some(old),
+            },
+        )
+    } else {
+        let layout = KeyLayout {
+            key: &OLD,
+            fingerprint: None,
+            previous_key: None,
+            message_type: std::any::type_name::<OrderEvent>,
+        };
+        (
+            layout,
+            MessageKeys {
+                key: old,
+                fingerprint: None,
+                previous: None,
+            },
+        )
+    };
+    run_transactional(idem, &SPEC, &layout, keys, JsonResult, |mut tx| {
+        let event = event.clone();
+        async move {
+            let result = testing::insert_effect(&mut tx, &event).await;
+            (tx, result)
+        }
+    })
+    .await
+}
+
+#[sqlx::test(migrations = false)]
+async fn builds_of_the_old_and_the_new_key_deliver_each_fact_once_between_them(pool: PgPool) {
+    let setup = testing::setup(&pool).await;
+    // The old build ran first: the scope records its definition.
+    assert!(
+        deliver_as(&setup, false, "o-first")
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    let facts: Vec<String> = (0..200).map(|i| format!("o-{i}")).collect();
+    // Four members of each build, each a process of its own (a handle of its own), each
+    // delivering every fact, in orders of their own.
+    let mut members = Vec::new();
+    for member in 0..8_usize {
+        let (idem, facts) = (Idem::new(pool.clone()), facts.clone());
+        members.push(tokio::spawn(async move {
+            let new_build = member % 2 == 1;
+            let mut order: Vec<usize> = (0..facts.len()).collect();
+            order.rotate_left(member * 25);
+            if member % 4 >= 2 {
+                order.reverse();
+            }
+            let mut executed = 0;
+            for index in order {
+                loop {
+                    match deliver_as(&idem, new_build, &facts[index]).await {
+                        Ok(outcome) => {
+                            executed += usize::from(outcome.is_executed());
+                            break;
+                        }
+                        Err(error) if error.disposition() == Disposition::Retry => continue,
+                        Err(error) => panic!("member {member}: {error}"),
+                    }
+                }
+            }
+            executed
+        }));
+    }
+    let mut executed = 0;
+    for member in members {
+        executed += member.await.unwrap();
+    }
+    assert_eq!(executed, facts.len(), "each fact ran once");
+    let doubled: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT order_id FROM order_effects GROUP BY order_id HAVING count(*) > 1) AS d",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((doubled, effects(&pool).await), (0, 201));
+    // The old build stopped: every fact delivered again is a duplicate of the new one.
+    let after = Idem::new(pool.clone());
+    for fact in &facts {
+        assert!(deliver_as(&after, true, fact).await.unwrap().is_duplicate());
+    }
+}
