@@ -180,7 +180,10 @@ pub struct MissingValue;
 /// `NaiveDateTime` and `NaiveDate`, slices, arrays and vectors of key parts, references,
 /// `Box` and `Option` (where `None` is an error in a key, and a value of its own in a
 /// payload fingerprint). Derive it for your own enums and structs with
-/// `#[derive(idem_runtime::KeyPart)]`.
+/// `#[derive(idem_runtime::KeyPart)]`, which also implements [`KeyPartShape`]: the shape
+/// of the encoding that a scope records, so that a changed type is noticed (see
+/// [`scope`](crate::scope)). A `KeyPart` written by hand may implement [`KeyPartShape`]
+/// as well.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be part of an idempotency key",
     label = "this key field has no canonical key encoding",
