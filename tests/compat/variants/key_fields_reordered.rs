@@ -1,0 +1,43 @@
+//! The base build with its key's fields in another order: `key = "order_no, order_ref"`.
+
+use driver::{Delivering, Delivery, Handler};
+use idem_runtime::Idem;
+
+/// The message: the fact's number and the fields its key is made of.
+pub struct OrderEvent {
+    pub fact: i64,
+    pub order_ref: String,
+    pub order_no: i32,
+}
+
+impl OrderEvent {
+    fn of(fact: i64) -> OrderEvent {
+        OrderEvent {
+            fact,
+            order_ref: driver::order_ref(fact).to_string(),
+            order_no: driver::order_no(fact),
+        }
+    }
+}
+
+pub mod handlers {
+    use super::OrderEvent;
+    use idem_runtime::idempotent;
+    use sqlx::PgConnection;
+
+    #[idempotent(key = "order_no, order_ref")]
+    pub async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+        driver::record_effect(tx, "apply", event.fact).await
+    }
+}
+
+fn apply(idem: &Idem, fact: i64) -> Delivering<'_> {
+    Box::pin(async move { Delivery::of(handlers::apply(idem, &OrderEvent::of(fact)).await) })
+}
+
+pub fn main() {
+    driver::main(&[Handler {
+        name: "apply",
+        deliver: apply,
+    }]);
+}

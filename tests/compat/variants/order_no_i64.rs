@@ -1,0 +1,44 @@
+//! The base build with a key part of another type that encodes alike: `order_no` an `i64`
+//! (integers of every width encode alike).
+
+use driver::{Delivering, Delivery, Handler};
+use idem_runtime::Idem;
+
+/// The message: the fact's number and the fields its key is made of.
+pub struct OrderEvent {
+    pub fact: i64,
+    pub order_ref: String,
+    pub order_no: i64,
+}
+
+impl OrderEvent {
+    fn of(fact: i64) -> OrderEvent {
+        OrderEvent {
+            fact,
+            order_ref: driver::order_ref(fact).to_string(),
+            order_no: i64::from(driver::order_no(fact)),
+        }
+    }
+}
+
+pub mod handlers {
+    use super::OrderEvent;
+    use idem_runtime::idempotent;
+    use sqlx::PgConnection;
+
+    #[idempotent(key = "order_ref, order_no")]
+    pub async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+        driver::record_effect(tx, "apply", event.fact).await
+    }
+}
+
+fn apply(idem: &Idem, fact: i64) -> Delivering<'_> {
+    Box::pin(async move { Delivery::of(handlers::apply(idem, &OrderEvent::of(fact)).await) })
+}
+
+pub fn main() {
+    driver::main(&[Handler {
+        name: "apply",
+        deliver: apply,
+    }]);
+}
