@@ -18,7 +18,7 @@
 //!
 //! Exit codes: 0 done; 1 another error; 2 bad arguments; 3 a bad database URL; 4 the
 //! database cannot be reached; 5 the schema is missing or has pending migrations (also
-//! `migrate status` with pending migrations); 6 an unknown key; 7 a key whose status does
+//! `migrate status` with pending migrations); 6 an unknown key or scope; 7 a key whose status does
 //! not allow the change. With `--json`, an error is one JSON object on stderr
 //! (`{"error": "...", "kind": "unknown_key"}`).
 
@@ -289,8 +289,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             match action.unwrap_or(ScopesAction::List) {
                 ScopesAction::List => out.scopes(&admin::scopes(&idem).await?),
                 ScopesAction::Release { scope } => {
-                    let released = admin::release_scope(&idem, &scope).await?;
-                    out.released_scope(&scope, released);
+                    if !admin::release_scope(&idem, &scope).await? {
+                        return Err(Failure::new(
+                            6,
+                            "unknown_scope",
+                            format!(
+                                "no scope `{scope}` is recorded in schema `{}`; `idem scopes` lists them",
+                                idem.config().schema()
+                            ),
+                        ));
+                    }
+                    out.released_scope(&scope);
                 }
             }
             Ok(())

@@ -332,18 +332,18 @@ impl Output {
         let rows: Vec<Vec<String>> = scopes
             .iter()
             .map(|scope| {
-                let owner = if scope.shared {
-                    "(shared)".to_owned()
+                let (owner, handler) = if scope.shared {
+                    ("(shared)".to_owned(), String::new())
                 } else {
-                    scope
-                        .handler
-                        .clone()
-                        .or(scope.owner.clone())
-                        .unwrap_or_default()
+                    (
+                        scope.owner.clone().unwrap_or_default(),
+                        scope.handler.clone().unwrap_or_default(),
+                    )
                 };
                 vec![
                     scope.scope.clone(),
                     owner,
+                    handler,
                     scope
                         .key_definition
                         .clone()
@@ -351,7 +351,10 @@ impl Output {
                 ]
             })
             .collect();
-        out!("{}", table(&["SCOPE", "HANDLER", "KEY DEFINITION"], &rows));
+        out!(
+            "{}",
+            table(&["SCOPE", "OWNER", "HANDLER", "KEY DEFINITION"], &rows)
+        );
         for scope in scopes {
             if let Some(previous) = &scope.previous_key_definition {
                 let seen = scope
@@ -368,13 +371,11 @@ impl Output {
     }
 
     /// The result of `scopes release`.
-    pub fn released_scope(&self, scope: &str, released: bool) {
+    pub fn released_scope(&self, scope: &str) {
         if self.json {
-            self.json(&serde_json::json!({ "scope": scope, "released": released }));
-        } else if released {
-            outln!("scope {scope}: released; the next handler that runs with it records itself");
+            self.json(&serde_json::json!({ "scope": scope, "released": true }));
         } else {
-            outln!("scope {scope}: not recorded, nothing to release");
+            outln!("scope {scope}: released; the next handler that runs with it records itself");
         }
     }
 }

@@ -264,7 +264,11 @@ async fn scopes_lists_owners_and_key_definitions_and_releases_one(pool: PgPool) 
     );
     assert!(scopes[0]["previous_key_definition"].is_null(), "{listed}");
     let human = ok(idem(&url, &["scopes"]));
-    assert!(human.stdout.starts_with("SCOPE"), "{}", human.stdout);
+    assert!(
+        human.stdout.starts_with("SCOPE      OWNER  HANDLER"),
+        "{}",
+        human.stdout
+    );
     assert!(
         human.stdout.contains("idem:v1 key(order_id s, seq i)"),
         "{}",
@@ -290,8 +294,13 @@ async fn scopes_lists_owners_and_key_definitions_and_releases_one(pool: PgPool) 
 
     let released = ok(idem(&url, &["scopes", "release", "cli::ship", "--json"])).json();
     assert_eq!(released["released"], true);
-    let again = ok(idem(&url, &["scopes", "release", "cli::ship"]));
-    assert!(again.stdout.contains("not recorded"), "{}", again.stdout);
+    let again = idem(&url, &["scopes", "release", "cli::ship"]);
+    assert_eq!(again.code, 6, "{}", again.stderr);
+    assert!(
+        again.stderr.contains("no scope `cli::ship` is recorded"),
+        "{}",
+        again.stderr
+    );
     let listed = ok(idem(&url, &["scopes", "--json"])).json();
     assert_eq!(listed["scopes"].as_array().unwrap().len(), 0, "{listed}");
     assert_eq!(shipments_keys(&pool).await, 7, "the keys stay");

@@ -64,8 +64,8 @@ pub(crate) fn key_part(input: &DeriveInput) -> syn::Result<TokenStream> {
 }
 
 /// The shape of the type's encoding (see the runtime's `key::shape`): a struct's one
-/// field's, `l(...)` of several fields' shapes, `s` for an enum of unit variants (its
-/// variant's name) and `e` for an enum with a variant that has fields.
+/// field's, `l(a s,b i)` of several fields' names and shapes, `s` for an enum of unit
+/// variants (its variant's name) and `e` for an enum with a variant that has fields.
 fn shape_body(private: &TokenStream, data: &Data) -> TokenStream {
     let field_shape = |ty: &syn::Type| {
         quote! {{
@@ -84,10 +84,17 @@ fn shape_body(private: &TokenStream, data: &Data) -> TokenStream {
             quote!(#field)
         }
         Data::Struct(data) => {
+            // The fields' names too: the encoding holds them in order, so fields that
+            // swap places (of one shape) derive other keys.
             let fields = data.fields.iter().enumerate().map(|(index, field)| {
                 let shape = field_shape(&field.ty);
-                let comma = (index > 0).then(|| quote!(shape.push(',');));
-                quote!(#comma #shape)
+                let name = field.ident.as_ref().map_or_else(
+                    || index.to_string(),
+                    |ident| syn::ext::IdentExt::unraw(ident).to_string(),
+                );
+                let separator = if index > 0 { "," } else { "" };
+                let named = format!("{separator}{name} ");
+                quote!(shape.push_str(#named); #shape)
             });
             quote! {
                 shape.push_str("l(");

@@ -150,7 +150,7 @@ pub enum Error<E> {
     #[error("key definition changed: {0}")]
     KeyChanged(#[source] KeyChanged),
     /// A handler without `scope` finds no keys under its default scope, while a scope of
-    /// its crate with the same message type and key has keys and no handler in the
+    /// its crate with the same message type or key has keys and no handler in the
     /// binary: it is that scope's handler renamed or moved, and would run every fact
     /// again. Nothing was claimed or run; the message names the old scope and the fix
     /// (see [`HandlerMoved`]).

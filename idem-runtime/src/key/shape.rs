@@ -20,7 +20,7 @@ use super::IdempotencyKey;
 /// | `t` | `chrono::DateTime<Tz>`, `chrono::NaiveDateTime` |
 /// | `d` | `chrono::NaiveDate` |
 /// | `l[T]` | `[T]`, `[T; N]`, `Vec<T>`: a list of `T` |
-/// | `l(A,B)` | a struct deriving `KeyPart` with several fields |
+/// | `l(a A,b B)` | a struct deriving `KeyPart` with several fields, by name (or index) and shape, in order |
 /// | `e` | an enum deriving `KeyPart` with a variant that has fields |
 /// | `?` | a type whose shape is not known: a `KeyPart` implemented by hand without [`KeyPartShape`], a field of a generic type |
 ///

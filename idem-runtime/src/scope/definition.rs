@@ -27,28 +27,54 @@ fn decide(
     ours: &str,
     our_previous: Option<&str>,
 ) -> Decision {
+    // A handler that declares its previous key records it wherever it records its own
+    // definition: members of the previous definition's build may still be running.
+    let declared = || our_previous.map(str::to_owned);
     let Some(recorded) = recorded else {
-        // Recorded by a release that kept no definition, or shared with such a handler.
-        return Decision::Record { previous: None };
+        // A new scope, or one recorded by a release that kept no definition.
+        return Decision::Record {
+            previous: declared(),
+        };
     };
-    if recorded == ours {
+    if alike(recorded, ours) {
         return match (recorded_previous, our_previous) {
             // The transition is over: the new build no longer declares the old key.
             (Some(_), None) => Decision::Record { previous: None },
+            // A fingerprint added or removed: the keys are the same, the new one is
+            // recorded.
+            _ if recorded != ours => Decision::Record {
+                previous: declared().or(recorded_previous.map(str::to_owned)),
+            },
             _ => Decision::Accept,
         };
     }
-    if our_previous == Some(recorded) {
+    if our_previous.is_some_and(|previous| alike(recorded, previous)) {
         return Decision::Record {
             previous: Some(recorded.to_owned()),
         };
     }
-    if recorded_previous == Some(ours) {
+    if recorded_previous.is_some_and(|previous| alike(previous, ours)) {
         // A member of the old build during a declared transition: the new build claims
         // the old keys too.
         return Decision::Accept;
     }
     Decision::Changed
+}
+
+/// Whether two definitions derive the same keys and compare payloads alike: the same
+/// key, and the same fingerprint or none on one side (a fingerprint missing on either
+/// side never refuses a payload, so adding or removing one changes nothing recorded).
+fn alike(a: &str, b: &str) -> bool {
+    a == b
+        || (key_of(a) == key_of(b) && (fingerprint_of(a).is_none() || fingerprint_of(b).is_none()))
+}
+
+/// The fingerprint's part of a definition, if it has one.
+fn fingerprint_of(definition: &str) -> Option<&str> {
+    let key = key_of(definition);
+    let at = definition.find(key)? + key.len();
+    let rest = definition[at..].trim_start();
+    rest.starts_with("fingerprint(").then_some(rest)
 }
 
 /// Compares the handler's key definition with the one its scope recorded in `row`, and
@@ -80,7 +106,7 @@ pub(super) async fn check(
             Decision::Changed if statements.has_keys(pool, scope).await? => {
                 return Err(changed(checked, recorded.unwrap_or_default()));
             }
-            Decision::Changed => None,
+            Decision::Changed => our_previous.map(str::to_owned),
         };
         let change = DefinitionChange {
             scope,
@@ -123,20 +149,20 @@ fn changed(checked: &Checked<'_>, recorded: &str) -> Error {
     let ours = checked.definition.as_str();
     let (recorded_key, our_key) = (key_of(recorded), key_of(ours));
     let what = if recorded_key == our_key {
-        "the payload fingerprint changed, so every duplicate of a recorded key would be refused as another payload"
+        "the payload fingerprint's fields changed, so a duplicate of a key recorded with the old fingerprint would be refused as another payload"
     } else {
         "the key changed, so every fact delivered again would derive another key and run again"
     };
     let declare = if recorded_key == our_key {
-        String::new()
+        " give the handler a `scope` of its own for the new fingerprint.".to_owned()
     } else {
         format!(
-            " declare the change with `previous_key = \"{}\"` next to the new `key`, so that a fact that succeeded under either definition is a duplicate (remove it once no fact of the old key can be delivered again);",
+            " declare the change with `previous_key = \"{}\"` next to the new `key`, so that a fact that succeeded under either definition is a duplicate (remove it once no fact of the old key can be delivered again).",
             fields_of(recorded_key)
         )
     };
     let message = format!(
-        "scope `{scope}` has keys derived as `{recorded}`, and this handler derives them as `{ours}`: {what}. Revert the change;{declare} or, if the keys are the same for every fact (a key field renamed), call `Idem::release_scope(\"{scope}\")` (`idem scopes release {scope}`) once the old version has stopped, and the next run records the new definition"
+        "scope `{scope}` has keys derived as `{recorded}`, and this handler derives them as `{ours}`: {what}. If this build is the newer one: revert the change, or{declare} If it is an older build (a rollback past a key change), deploy a build of the recorded key instead. Only if the keys are the same for every fact (a key field renamed, nothing else), call `Idem::release_scope(\"{scope}\")` (`idem scopes release {scope}`) once the old version has stopped, and the next run records the new definition"
     );
     Error::Refused(Refusal::KeyChanged(KeyChanged::new(
         scope, recorded, ours, message,
@@ -188,8 +214,10 @@ mod tests {
         let record = |previous: Option<&str>| Decision::Record {
             previous: previous.map(str::to_owned),
         };
-        // First recorded, or recorded by an earlier release.
+        // First recorded, or recorded by an earlier release; with the previous key
+        // declared, it is recorded too, for the members of the old build still running.
         assert_eq!(decide(None, None, A, None), record(None));
+        assert_eq!(decide(None, None, B, Some(A)), record(Some(A)));
         assert_eq!(decide(Some(A), None, A, None), Decision::Accept);
         // Changed without a declaration.
         assert_eq!(decide(Some(A), None, B, None), Decision::Changed);
@@ -206,6 +234,16 @@ mod tests {
         // A declaration of another old key is a change.
         assert_eq!(
             decide(Some(A), None, B, Some("idem:v1 key(x s)")),
+            Decision::Changed
+        );
+        // A fingerprint added or removed keeps the keys and refuses no payload: recorded.
+        let fingerprinted = "idem:v1 key(order_id s) fingerprint(amount i)";
+        assert_eq!(decide(Some(A), None, fingerprinted, None), record(None));
+        assert_eq!(decide(Some(fingerprinted), None, A, None), record(None));
+        // Another fingerprint refuses the recorded keys' duplicates: a change.
+        let other = "idem:v1 key(order_id s) fingerprint(currency s)";
+        assert_eq!(
+            decide(Some(fingerprinted), None, other, None),
             Decision::Changed
         );
     }

@@ -37,10 +37,11 @@
 //!   longest redelivery), the argument is removed; the next run of the new build records
 //!   that the transition is over, and a build of the old definition is refused from then on.
 //! - **A handler renamed or moved** ([`HandlerMoved`]). A handler without `scope` whose
-//!   default scope has no keys, while a scope of its crate with the same message type and
+//!   default scope has no keys, while a scope of its crate with the same message type or
 //!   key definition has keys and no handler in the binary, is that handler renamed or
 //!   moved: it is refused with the old scope named, and `scope = "<the old scope>"` keeps
-//!   the keys. A second handler of the same message type and key in the binary (a fan-out)
+//!   the keys. Scopes recorded by 0.1.0, which kept no definitions, are no candidates.
+//!   A second handler of the same message type and key in the binary (a fan-out)
 //!   is not refused: the first one's scope has a handler here (see the registry of the
 //!   handlers compiled into the binary, `registry`).
 //!

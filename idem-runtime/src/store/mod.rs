@@ -35,7 +35,7 @@ pub(crate) use lease::LeaseClaim;
 pub use migrate::{MIGRATOR, migrate_schema};
 pub(crate) use retention::Windows;
 pub use scopes::ScopeInfo;
-pub(crate) use scopes::{DefinitionChange, ScopeRegistration, ScopeRow};
+pub(crate) use scopes::{DefinitionChange, MovedFrom, ScopeRegistration, ScopeRow};
 
 use sql::{Protocol, Query, Value};
 

@@ -73,17 +73,20 @@ impl Sql {
                                        OR previous_key_seen_at < now() - interval '1 minute')"
             ),
             has_keys: format!("SELECT EXISTS (SELECT FROM {schema}.idem_keys WHERE scope = $1)"),
-            // Scopes recorded by a release that kept no key definition (NULL) count as
-            // candidates too: what their keys are made of is unknown.
+            // The same message type or the same key definition: a handler moved and
+            // changed in one deploy (its key, or its message type renamed) is found too.
+            // Scopes recorded by a release that kept neither (NULL) are not candidates:
+            // nothing tells their handlers apart from retired ones.
             moved_from: format!(
-                "SELECT s.scope FROM {schema}.idem_scopes AS s \
+                "SELECT s.scope, s.message_type = $4 AS same_message, \
+                        s.key_definition = $3 AS same_key \
+                 FROM {schema}.idem_scopes AS s \
                  WHERE s.owner = $2 AND s.scope <> $1 AND NOT s.shared \
                    AND s.scope <> ALL ($5::text[]) \
-                   AND (s.key_definition IS NULL \
-                        OR (s.key_definition = $3 AND s.message_type IS NOT DISTINCT FROM $4)) \
+                   AND (s.key_definition = $3 OR s.message_type = $4) \
                    AND EXISTS (SELECT FROM {schema}.idem_keys AS k WHERE k.scope = s.scope) \
                    AND NOT EXISTS (SELECT FROM {schema}.idem_keys AS k WHERE k.scope = $1) \
-                 ORDER BY s.key_definition IS NULL, s.created_at DESC \
+                 ORDER BY s.key_definition = $3 AND s.message_type = $4 DESC, s.created_at DESC \
                  LIMIT 1"
             ),
             release_scope: format!("DELETE FROM {schema}.idem_scopes WHERE scope = $1"),
@@ -148,6 +151,16 @@ pub(crate) struct ScopeRow {
     pub key_definition: Option<String>,
     /// The definition that the current one replaced by a declared transition.
     pub previous_key_definition: Option<String>,
+}
+
+/// The scope a handler was probably renamed or moved from, and what it has alike.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct MovedFrom {
+    pub scope: String,
+    /// Its handler takes a message of the same type.
+    pub same_message: bool,
+    /// Its keys were derived alike.
+    pub same_key: bool,
 }
 
 /// What a handler registers with its scope.
@@ -244,8 +257,8 @@ impl Statements {
 
     /// The scope that a handler of `crate_name` with scope `scope` (which has no keys),
     /// `key_definition` and `message_type` was probably renamed or moved from: a scope of
-    /// the same crate, message type and key definition (or one recorded without a
-    /// definition) that has keys and is none of the `compiled` scopes of the binary.
+    /// the same crate with the same message type or key definition that has keys and is
+    /// none of the `compiled` scopes of the binary (one with both alike first).
     pub(crate) async fn moved_from(
         &self,
         pool: &PgPool,
@@ -254,7 +267,7 @@ impl Statements {
         key_definition: &str,
         message_type: &str,
         compiled: &[String],
-    ) -> Result<Option<String>, sqlx::Error> {
+    ) -> Result<Option<MovedFrom>, sqlx::Error> {
         self.query(
             &self.scopes.moved_from,
             &[
@@ -265,10 +278,8 @@ impl Statements {
                 Value::Texts(Some(compiled)),
             ],
         )
-        .fetch_optional(pool)
-        .await?
-        .map(|row| row.try_get(0))
-        .transpose()
+        .fetch_optional_as(pool)
+        .await
     }
 
     /// Records the retention window of `scope` where it differs.

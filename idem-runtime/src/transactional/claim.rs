@@ -38,11 +38,13 @@ impl Delivery<'_> {
             Err(error) => return Step::Done(Err(Error::Database(error))),
         };
         if let Some(previous) = previous {
-            match self.claim_previous(&mut tx, previous, codec).await {
+            match self.claim_previous(&mut tx, previous).await {
                 Ok(None) => {}
-                Ok(Some(answer)) => {
+                Ok(Some(found)) => {
                     claiming.claim(scope, mode);
-                    return Step::Done(answer);
+                    // Read-only so far: the connection goes back before anything else.
+                    drop(tx);
+                    return Step::Done(self.answer_previous(found, codec).await);
                 }
                 Err(error) if is_lock_timeout(&error) => {
                     return Step::Done(Err(Error::InProgress { key }));
@@ -82,19 +84,18 @@ impl Delivery<'_> {
     /// Claims the key under the handler's previous key definition, in the delivery's
     /// transaction and before its key: `None` when this transaction holds it now (inserted
     /// as `success`, or a `failed` one taken over), so that a delivery of the previous
-    /// definition's build waits for this transaction and then finds the fact done; the
-    /// answer otherwise, which the previous key's row decides: a fact that succeeded under
-    /// the previous definition is a duplicate, with the result stored then.
+    /// definition's build waits for this transaction and then finds the fact done; what
+    /// the previous key's row says otherwise, which decides the delivery (see
+    /// [`Delivery::answer_previous`]).
     ///
     /// Every delivery of the new definition claims the previous key first and the new key
     /// second, and a delivery of the old definition claims only the previous key, so no
     /// two of them wait for each other in opposite orders.
-    async fn claim_previous<T, E, C: ResultCodec<T>>(
+    async fn claim_previous(
         &self,
         tx: &mut KeyTransaction,
         previous: IdempotencyKey,
-        codec: &C,
-    ) -> Result<Option<Result<Outcome<T>, Error<E>>>, sqlx::Error> {
+    ) -> Result<Option<PreviousFound>, sqlx::Error> {
         let Delivery {
             idem,
             spec,
@@ -105,28 +106,63 @@ impl Delivery<'_> {
         let scope = spec.scope;
         // The lock timeout stays the claim's for the second claim.
         let claim_lock_timeout = idem.statements().claim_lock_timeout();
-        let found = match claim(idem, tx, scope, previous, fingerprint, claim_lock_timeout).await? {
-            Claimed::Owned { .. } => return Ok(None),
-            Claimed::Mismatch => return Ok(Some(Err(Error::PayloadMismatch { key }))),
-            Claimed::Contended => return Ok(Some(Err(Error::InProgress { key }))),
-            Claimed::Found(existing) => existing,
-        };
-        if found.status == Status::Success {
-            let ours = idem.statements().read(tx, scope, key.as_uuid()).await?;
-            if ours.is_none() {
-                // Answered by the previous definition alone: it is still needed.
-                if let Err(error) = idem
-                    .statements()
-                    .previous_key_seen(idem.pool(), scope)
-                    .await
-                {
-                    tracing::debug!(scope, %error, "idem: the use of the previous key definition could not be noted");
-                }
-            }
-        }
-        idem.cache_existing(spec.cache, scope, key, &found).await;
-        Ok(Some(decide(key, found, codec)))
+        let existing =
+            match claim(idem, tx, scope, previous, fingerprint, claim_lock_timeout).await? {
+                Claimed::Owned { .. } => return Ok(None),
+                Claimed::Mismatch => return Ok(Some(PreviousFound::Mismatch)),
+                Claimed::Contended => return Ok(Some(PreviousFound::Contended)),
+                Claimed::Found(existing) => existing,
+            };
+        // Whether the fact succeeded under the previous definition alone (no row of its
+        // own key), on the same connection.
+        let alone = existing.status == Status::Success
+            && idem
+                .statements()
+                .read(tx, scope, key.as_uuid())
+                .await?
+                .is_none();
+        Ok(Some(PreviousFound::Row { existing, alone }))
     }
+
+    /// The answer that the previous key's row gives, once the transaction is gone: a fact
+    /// that succeeded under the previous definition is a duplicate, with the result stored
+    /// then. One answered by the previous key alone is noted with the scope, which tells
+    /// when the previous definition is no longer needed.
+    async fn answer_previous<T, E, C: ResultCodec<T>>(
+        &self,
+        found: PreviousFound,
+        codec: &C,
+    ) -> Result<Outcome<T>, Error<E>> {
+        let Delivery {
+            idem, spec, key, ..
+        } = *self;
+        let scope = spec.scope;
+        let (existing, alone) = match found {
+            PreviousFound::Mismatch => return Err(Error::PayloadMismatch { key }),
+            PreviousFound::Contended => return Err(Error::InProgress { key }),
+            PreviousFound::Row { existing, alone } => (existing, alone),
+        };
+        if alone
+            && let Err(error) = idem
+                .statements()
+                .previous_key_seen(idem.pool(), scope)
+                .await
+        {
+            tracing::debug!(scope, %error, "idem: the use of the previous key definition could not be noted");
+        }
+        idem.cache_existing(spec.cache, scope, key, &existing).await;
+        decide(key, existing, codec)
+    }
+}
+
+/// What the claim of the previous definition's key found in its way.
+enum PreviousFound {
+    /// Its row, and whether the fact has no row of its own key.
+    Row { existing: Existing, alone: bool },
+    /// The previous key was recorded with another payload fingerprint.
+    Mismatch,
+    /// The row kept changing under the claim.
+    Contended,
 }
 
 /// What the claim found.

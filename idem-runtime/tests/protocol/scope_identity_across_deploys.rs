@@ -175,7 +175,15 @@ async fn a_key_changed_on_a_scope_without_keys_is_recorded(pool: PgPool) {
 
 #[sqlx::test(migrations = false)]
 async fn a_declared_key_change_answers_facts_of_either_definition(pool: PgPool) {
-    let idem = testing::setup(&pool).await;
+    testing::setup(&pool).await;
+    // One connection: a delivery holds no second one while its claim's is taken.
+    let single = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(std::time::Duration::from_secs(3))
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let idem = Idem::new(single);
     let old = "idem:v1 key(order_id s, event_type s)";
     recorded_by_earlier_build(&pool, "identity_rekeyed", old).await;
     succeeded(&pool, "identity_rekeyed", old_key("o-old"), "7").await;
@@ -429,4 +437,100 @@ async fn builds_of_the_old_and_the_new_key_deliver_each_fact_once_between_them(p
     for fact in &facts {
         assert!(deliver_as(&after, true, fact).await.unwrap().is_duplicate());
     }
+}
+
+#[derive(Debug, Clone, idem_runtime::KeyPart)]
+struct Customer {
+    first: String,
+    last: String,
+}
+
+#[derive(Debug, Clone)]
+struct Signup {
+    customer: Customer,
+    plan: i32,
+}
+
+#[idempotent(key = "customer, plan", scope = "identity_signups")]
+async fn sign_up(tx: &mut PgConnection, signup: &Signup) -> Result<(), sqlx::Error> {
+    let _ = (tx, signup);
+    Ok(())
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_derived_part_records_its_fields_by_name_and_order(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    let signup = Signup {
+        customer: Customer {
+            first: "Ada".into(),
+            last: "Lovelace".into(),
+        },
+        plan: 1,
+    };
+    assert!(sign_up(&idem, &signup).await.unwrap().is_executed());
+    assert_eq!(
+        scope_column(&pool, "identity_signups", "key_definition")
+            .await
+            .as_deref(),
+        Some("idem:v1 key(customer l(first s,last s), plan i)")
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_fingerprint_removed_keeps_the_keys_and_is_recorded(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    // The build before compared a fingerprint; this one compares none.
+    recorded_by_earlier_build(
+        &pool,
+        "identity_orders",
+        "idem:v1 key(order_id s, event_type s) fingerprint(amount_cents i)",
+    )
+    .await;
+    succeeded(&pool, "identity_orders", old_key("o-1"), "3").await;
+    assert_eq!(
+        apply(&idem, &event("o-1")).await.unwrap(),
+        Outcome::Duplicate(Some(3))
+    );
+    assert_eq!(
+        scope_column(&pool, "identity_orders", "key_definition")
+            .await
+            .as_deref(),
+        Some("idem:v1 key(order_id s, event_type s)")
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_handler_moved_and_rekeyed_in_one_deploy_is_refused(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    // `settle` was `protocol::billing::settle`, keyed on the order and the event type.
+    let before = "protocol::billing::settle";
+    recorded_by_earlier_build(&pool, before, "idem:v1 key(order_id s, event_type s)").await;
+    succeeded(&pool, before, old_key("o-1"), "1").await;
+    let error = settle(&idem, &event("o-1")).await.unwrap_err();
+    let Error::HandlerMoved(moved) = &error else {
+        panic!("expected HandlerMoved, got {error:?}");
+    };
+    assert_eq!(moved.previous_scope(), before);
+    assert!(
+        error
+            .to_string()
+            .contains("the same message type (OrderEvent) and another key"),
+        "{error}"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_scope_of_0_1_0_is_not_taken_for_a_renamed_handler(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    // 0.1.0 recorded neither key definitions nor message types: a scope of the crate that
+    // has keys and no handler here (retired) does not refuse a new handler.
+    sqlx::query(
+        "INSERT INTO idem.idem_scopes (scope, owner, handler, shared) \
+         VALUES ('protocol::retired::handle', 'protocol', 'protocol::retired::handle', false)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    succeeded(&pool, "protocol::retired::handle", old_key("o-1"), "1").await;
+    assert!(settle(&idem, &event("o-1")).await.unwrap().is_executed());
 }
