@@ -1,5 +1,5 @@
 //! A service's life across deploys: the previous release beside the current one, and the
-//! changes a team makes to a deployed handler (issue 25). One module per scenario.
+//! changes a team makes to a deployed handler. One module per scenario.
 //!
 //! The scenario applications are real processes that share no memory: variants of one
 //! application (`tests/compat/variants/`, each the crate `scenario` of a binary
