@@ -16,7 +16,9 @@
 #     `SAVEPOINT x; COMMIT` as the abort check;
 #   dup: a duplicate found by the claim; dup_lean: the cheapest correct duplicate, one read
 #     of the key's row in autocommit (what idem sends while duplicates are frequent);
-#   select1: one round trip that does nothing.
+#   select1: one round trip that does nothing;
+#   idem_previous_key: idem's new message while its handler declares `previous_key` (the
+#     key under the previous definition claimed first, in the same transaction).
 # pgbench's -M prepared refuses `\;` (several statements in one round trip), so the shapes
 # that use it (idem, dup, lean_checked, batch_claim) run with -M simple, and prepare their
 # statements once per connection themselves (PREPARE, then EXECUTE), as the runtime does;
@@ -73,12 +75,12 @@ seed() {
 declare -A script=(
     [bare]=bare [article]=article [lean]=lean [lean_checked]=lean_checked
     [idem]=idem [dup]=dup [dup_lean]=dup_lean [select1]=select1
-    [batch_claim]=batch_claim [bare_batch]=bare_batch
+    [batch_claim]=batch_claim [bare_batch]=bare_batch [idem_previous_key]=idem_previous_key
 )
 declare -A mode=(
     [bare]=prepared [article]=prepared [lean]=prepared [lean_checked]=simple
     [idem]=simple [dup]=simple [dup_lean]=prepared [select1]=prepared
-    [batch_claim]=simple [bare_batch]=prepared
+    [batch_claim]=simple [bare_batch]=prepared [idem_previous_key]=simple
 )
 
 # The groups of cells: clients, synchronous_commit, shapes.
@@ -88,6 +90,7 @@ groups=(
     "4 on bare lean lean_checked idem"
     "1 on idem lean lean_checked dup dup_lean select1"
     "4 on batch_claim bare_batch"
+    "16 on idem idem_previous_key"
 )
 
 # Transactions per second of one shape: tps <shape> <clients> <synchronous_commit>
@@ -170,5 +173,7 @@ ratio dup dup_lean 1 on "claim first against read first (the ROLLBACK is a round
 ratio dup dup_lean 16 on ""
 ratio select1 idem 1 on "one empty round trip"
 ratio select1 idem 16 on ""
+echo "A declared key change"
+ratio idem_previous_key idem 16 on "a new message claiming its key under both definitions"
 echo "Batches of 500"
 ratio batch_claim bare_batch 4 on "suite goal >= 0.6 (batch-bulk-500/bare-batch-500)"
