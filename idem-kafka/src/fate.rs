@@ -43,9 +43,8 @@ impl Fate {
     /// executed or duplicates, errors go by their [`Disposition`].
     ///
     /// A deployment error ([`Disposition::Halt`]: two handlers on one scope, a key changed,
-    /// a handler renamed away from its keys) is retried
-    /// and logged at every attempt: nothing is committed past the message until the
-    /// deployment is fixed.
+    /// a handler renamed away from its keys) is retried and logged at every attempt:
+    /// nothing is committed past the message until the deployment is fixed.
     pub fn of<T, E>(result: Result<Outcome<T>, idem_runtime::Error<E>>) -> Self
     where
         E: std::error::Error + 'static,
