@@ -113,6 +113,25 @@ fn error_text(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// The message of the deployed build, and of every variant that keeps it: the fact's
+/// number and the fields its key is made of (`order_ref`, a UUID's text, and `order_no`).
+pub struct OrderEvent {
+    pub fact: i64,
+    pub order_ref: String,
+    pub order_no: i32,
+}
+
+impl OrderEvent {
+    /// The message of fact `fact`.
+    pub fn of(fact: i64) -> OrderEvent {
+        OrderEvent {
+            fact,
+            order_ref: order_ref(fact).to_string(),
+            order_no: order_no(fact),
+        }
+    }
+}
+
 /// The `order_ref` of a fact: a UUID of its own (its text where the message holds a
 /// `String`).
 pub fn order_ref(fact: i64) -> Uuid {

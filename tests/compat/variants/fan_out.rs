@@ -1,25 +1,8 @@
 //! The base build with a second handler of the same message: `notify`, another name, the
 //! same key fields, no `scope` (its default scope is `scenario::handlers::notify`).
 
-use driver::{Delivering, Delivery, Handler};
+use driver::{Delivering, Delivery, Handler, OrderEvent};
 use idem_runtime::Idem;
-
-/// The message: the fact's number and the fields its key is made of.
-pub struct OrderEvent {
-    pub fact: i64,
-    pub order_ref: String,
-    pub order_no: i32,
-}
-
-impl OrderEvent {
-    fn of(fact: i64) -> OrderEvent {
-        OrderEvent {
-            fact,
-            order_ref: driver::order_ref(fact).to_string(),
-            order_no: driver::order_no(fact),
-        }
-    }
-}
 
 pub mod handlers {
     use super::OrderEvent;

@@ -1,25 +1,8 @@
 //! The base build with its handler renamed, `apply` to `apply_order`, the documented way:
 //! `scope` set to the default scope it had, `scenario::handlers::apply`.
 
-use driver::{Delivering, Delivery, Handler};
+use driver::{Delivering, Delivery, Handler, OrderEvent};
 use idem_runtime::Idem;
-
-/// The message: the fact's number and the fields its key is made of.
-pub struct OrderEvent {
-    pub fact: i64,
-    pub order_ref: String,
-    pub order_no: i32,
-}
-
-impl OrderEvent {
-    fn of(fact: i64) -> OrderEvent {
-        OrderEvent {
-            fact,
-            order_ref: driver::order_ref(fact).to_string(),
-            order_no: driver::order_no(fact),
-        }
-    }
-}
 
 pub mod handlers {
     use super::OrderEvent;
