@@ -534,3 +534,26 @@ async fn a_scope_of_0_1_0_is_not_taken_for_a_renamed_handler(pool: PgPool) {
     succeeded(&pool, "protocol::retired::handle", old_key("o-1"), "1").await;
     assert!(settle(&idem, &event("o-1")).await.unwrap().is_executed());
 }
+
+#[idempotent(key = "order_id, event_type", scope = "identity_batched", batch = true)]
+async fn apply_batched(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
+    testing::insert_effect(tx, event).await
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_batch_of_a_changed_key_is_refused_message_by_message(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    recorded_by_earlier_build(&pool, "identity_batched", "idem:v1 key(order_id s)").await;
+    succeeded(&pool, "identity_batched", old_key("o-0"), "1").await;
+    let events = [event("o-1"), event("o-2")];
+    let outcomes = apply_batched_batch(&idem, &events).await;
+    assert_eq!(outcomes.len(), 2);
+    for outcome in &outcomes {
+        let error = outcome.as_ref().unwrap_err();
+        assert!(matches!(error, Error::KeyChanged(_)), "{error:?}");
+        assert_eq!(error.disposition(), Disposition::Halt);
+    }
+    assert_eq!(effects(&pool).await, 0, "nothing ran");
+    // An empty batch asks nothing.
+    assert!(apply_batched_batch(&idem, &[]).await.is_empty());
+}
