@@ -9,7 +9,9 @@ use crate::delivery::Delivery;
 use crate::fate::{Fate, Reason};
 use crate::handler::Handler;
 use crate::offset_store::OffsetStore;
+use crate::outbox::{TRACE_HEADER, TraceContext};
 use crate::position::Position;
+use crate::received::Received;
 use crate::schema::Schema;
 use crate::store;
 use crate::telemetry;
@@ -60,9 +62,10 @@ impl<H: Handler> Dispatcher<H> {
                 }
             };
             let position = (self.offsets == OffsetStore::Postgres).then(|| self.position(delivery));
-            let fate = self
-                .handler
-                .handle(&self.idem, &message, position.as_ref())
+            let trace = TraceContext::of_incoming(delivery.header(TRACE_HEADER));
+            tracing::Span::current().record("trace_parent", trace.trace_id());
+            let fate = trace
+                .run(self.handler.handle(&self.idem, &message, position.as_ref()))
                 .await;
             self.route(delivery, fate, false).await
         };
@@ -111,8 +114,17 @@ impl<H: Handler> Dispatcher<H> {
                         .map(|(item, _)| self.position(&item.delivery))
                         .collect()
                 });
-            self.handler
-                .handle_batch(&self.idem, &decoded, positions.as_deref())
+            // The batch's records carry the trace of its first message.
+            let first = pending
+                .first()
+                .and_then(|item| item.delivery.header(TRACE_HEADER));
+            let trace = TraceContext::of_incoming(first);
+            tracing::Span::current().record("trace_parent", trace.trace_id());
+            trace
+                .run(
+                    self.handler
+                        .handle_batch(&self.idem, &decoded, positions.as_deref()),
+                )
                 .await
         };
         for (item, slot) in pending.iter_mut().zip(&slots) {
@@ -184,10 +196,7 @@ impl<H: Handler> Dispatcher<H> {
     }
 
     fn decode(&self, delivery: &Delivery) -> Result<H::Message, String> {
-        match delivery.payload.as_deref() {
-            None => Err("the message has no payload".to_owned()),
-            Some(payload) => self.handler.decode(payload),
-        }
+        self.handler.decode_received(&Received::new(delivery))
     }
 
     /// Routes a fate: dead letters are written (with the position, in the Postgres

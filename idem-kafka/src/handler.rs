@@ -6,6 +6,7 @@ use idem_runtime::Idem;
 
 use crate::fate::Fate;
 use crate::position::Position;
+use crate::received::Received;
 
 /// What a consumer does with its messages: decode them and hand them to an
 /// `#[idempotent]` handler. The consumer does the rest: offsets, dead letters, retries,
@@ -50,6 +51,17 @@ pub trait Handler: Send + Sync + 'static {
     /// Decodes a payload; `Err` (the reason) dead-letters the message as
     /// [`Reason::Undecodable`](crate::Reason::Undecodable).
     fn decode(&self, payload: &[u8]) -> Result<Self::Message, String>;
+
+    /// Decodes a message from all of it: its payload, Kafka key and headers (a record
+    /// sent through an outbox carries its idempotency key in a header; see
+    /// [`Keyed`](crate::Keyed)). The default decodes the payload with
+    /// [`decode`](Self::decode), and refuses a message without one.
+    fn decode_received(&self, received: &Received<'_>) -> Result<Self::Message, String> {
+        match received.payload() {
+            None => Err("the message has no payload".to_owned()),
+            Some(payload) => self.decode(payload),
+        }
+    }
 
     /// Handles one message. With offsets in PostgreSQL, `position` is the partition's
     /// position after the message, for a handler that stores it in the transaction of

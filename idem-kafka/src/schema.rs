@@ -17,6 +17,9 @@ pub static MIGRATOR: Migrator = Migrator {
     ..sqlx::migrate!("./migrations")
 };
 
+/// The adapter's schema for idem's default schema (`idem`).
+pub(crate) const DEFAULT: &str = "idem_kafka";
+
 /// The schema of idem-kafka's tables: `<idem's schema>_kafka` (`idem_kafka` by default),
 /// or the one given to [`ConsumerBuilder::schema`](crate::ConsumerBuilder::schema).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -31,6 +31,7 @@ pub(crate) fn process_span(
         messaging.consumer.group.name = group,
         messaging.batch.message_count = tracing::field::Empty,
         idem.outcome = tracing::field::Empty,
+        trace_parent = tracing::field::Empty,
     );
     if count > 1 {
         span.record("messaging.batch.message_count", count);

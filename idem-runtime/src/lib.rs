@@ -271,6 +271,7 @@ pub mod admin;
 pub mod batch;
 pub mod cache;
 pub mod config;
+mod current;
 mod duplicate_rate;
 mod error_text;
 mod faults;
@@ -296,6 +297,7 @@ pub mod testing;
 mod transactional;
 
 pub use config::{Config, ConfigError, ErrorTexts, Pooler};
+pub use current::CurrentDelivery;
 pub use error_text::{ErrorChain, storable_text_of};
 pub use handle::IdemBuilder;
 pub use idem_macros::{KeyPart, idempotent};

@@ -13,6 +13,7 @@ mod end_to_end;
 mod examples_start_together;
 mod lease_mode;
 mod ledger_under_faults;
+mod outbox_chain;
 mod per_message;
 mod spans;
 mod support;

@@ -6,6 +6,7 @@ use std::future::Future;
 use super::claim::{Claim, claim};
 use super::plan::{Derived, Indexed};
 use crate::Idem;
+use crate::current::CurrentDelivery;
 use crate::faults;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::handler_key::MessageKeys;
@@ -194,7 +195,8 @@ where
     let mut stored_results = Vec::new();
     let mut values = Vec::with_capacity(owned.len());
     for index in owned {
-        let (returned, result) = body(tx, &messages[index]).await;
+        let current = CurrentDelivery::one(idem, spec.scope, keyed(index).0);
+        let (returned, result) = current.run(body(tx, &messages[index])).await;
         tx = returned;
         let Ok(value) = result else {
             return Err(Fallback::HandlerFailed);
@@ -225,13 +227,15 @@ where
 
 /// [`run_batch_handler`](super::protocol::run_batch_handler)'s work in the batch transaction: the body once with all owned messages,
 /// in order, then the commit.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn run_once<'m, M, E, F, Fut>(
     idem: &Idem,
-    scope: &str,
+    scope: &'static str,
     tx: KeyTransaction,
     xid: i64,
     messages: &'m [M],
     owned: Vec<usize>,
+    keyed: &impl Fn(usize) -> Derived,
     body: &mut F,
 ) -> Result<Vec<Indexed<(), E>>, Fallback>
 where
@@ -239,8 +243,11 @@ where
     Fut: Future<Output = (KeyTransaction, Result<(), E>)>,
 {
     let slice = owned.iter().map(|&index| &messages[index]).collect();
+    let keys = owned.iter().map(|&index| keyed(index).0).collect();
     let running = Timer::start();
-    let (tx, result) = body(tx, slice).await;
+    let (tx, result) = CurrentDelivery::many(idem, scope, keys)
+        .run(body(tx, slice))
+        .await;
     running.handler(scope, Mode::Batch);
     if result.is_err() {
         return Err(Fallback::HandlerFailed);

@@ -128,6 +128,7 @@ where
         }
     };
     let once = &mut body;
+    let keys_of = &keyed;
     let pass = match layout.previous_key {
         Some(_) => one_by_one(to_claim),
         None => {
@@ -137,7 +138,9 @@ where
                 &to_claim,
                 &keyed,
                 &NoResult,
-                move |tx, xid, owned| run_once(idem, spec.scope, tx, xid, messages, owned, once),
+                move |tx, xid, owned| {
+                    run_once(idem, spec.scope, tx, xid, messages, owned, keys_of, once)
+                },
             )
             .await
         }

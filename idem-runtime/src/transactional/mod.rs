@@ -42,6 +42,7 @@ use std::future::Future;
 use tracing::Instrument;
 
 use crate::Idem;
+use crate::current::CurrentDelivery;
 use crate::faults::BackendKill;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
@@ -157,7 +158,8 @@ where
         // Tests only: a fault armed on the handle (a no-op without the feature `testing`).
         let mut kill = BackendKill::at_claim(idem.faults(), idem.pool(), &mut tx).await;
         let running = Timer::start();
-        let (tx, result) = kill.during_body(body(tx)).await;
+        let current = CurrentDelivery::one(idem, spec.scope, key);
+        let (tx, result) = kill.during_body(current.run(body(tx))).await;
         running.handler(spec.scope, mode);
         let step = match result {
             Ok(value) => {

@@ -12,6 +12,10 @@
 //!   payload bytes, why they were set aside, the error text and their coordinates.
 //!   Coordinates are unique per consumer group, so a message dead-lettered again after a
 //!   redelivery is recorded once.
+//! - `kafka_outbox` and `kafka_outbox_relays`: records sent from handlers' transactions,
+//!   and which relay publishes which shard of them ([`outbox`]).
+
+pub(crate) mod outbox;
 
 use std::collections::HashMap;
 

@@ -1,0 +1,283 @@
+//! Publishing from a handler, exactly once downstream: a transactional outbox and its
+//! relay.
+//!
+//! A handler's body that publishes to Kafka directly either tells the world before its
+//! transaction commits (and a rollback cannot take it back) or after (and a crash in
+//! between loses the record for good, since a redelivery of the fact is a duplicate that
+//! runs nothing). [`send`] instead writes the record into the outbox table
+//! `kafka_outbox`, in the body's transaction: the record exists if and only if the
+//! claim of the key and the body's effects commit. The [`Relay`], which runs in every
+//! consumer process, publishes what committed, with an idempotent producer, and marks it
+//! sent after the broker acknowledged it.
+//!
+//! ```no_run
+//! use idem_kafka::outbox::{self, Record};
+//! use idem_runtime::idempotent;
+//! use sqlx::PgConnection;
+//!
+//! #[derive(serde::Deserialize, serde::Serialize)]
+//! struct Payment { order_id: String, amount_cents: i64 }
+//!
+//! #[idempotent(key = "order_id")]
+//! async fn apply_payment(tx: &mut PgConnection, payment: &Payment) -> Result<(), sqlx::Error> {
+//!     sqlx::query("INSERT INTO payments (order_id, amount_cents) VALUES ($1, $2)")
+//!         .bind(&payment.order_id)
+//!         .bind(payment.amount_cents)
+//!         .execute(&mut *tx)
+//!         .await?;
+//!     // Published once the transaction commits; never if it rolls back.
+//!     outbox::send(tx, Record::to("receipts").name("receipt").key(&payment.order_id).json(payment)?)
+//!         .await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # Every record carries a key of its own
+//!
+//! Each record is stamped with an idempotency key in the header [`KEY_HEADER`]
+//! (`idem-key`, the UUID's text): the key of the parts `"idem:outgoing"`, the handler's
+//! scope, the key of the fact being handled and the record's [name](Record::name)
+//! ([`CurrentDelivery::derived_key`](idem_runtime::CurrentDelivery::derived_key)). Every run of the
+//! same fact derives the same keys, so a record published twice (a relay that died
+//! between the broker's acknowledgement and marking the record sent) is a duplicate that
+//! the next consumer's handler recognises: key it on the header with [`Keyed`](crate::Keyed)
+//! and `#[idempotent(key = "idem_key")]`.
+//!
+//! # Order
+//!
+//! Records of one topic and Kafka key are published in the order their transactions
+//! committed: [`send`] takes a transaction-scoped lock on the topic and key (advisory lock
+//! class [`LOCK_CLASS`]) before the record is numbered, so a second transaction sending for
+//! the same key waits for the first to end, and a record's number follows the commits. All
+//! records of a topic and key are in one of the outbox's [`SHARDS`] shards, and one relay
+//! at a time publishes a shard, in that order (see [`Relay`]).
+//!
+//! Two bodies that send for the same keys in opposite orders can deadlock; PostgreSQL
+//! detects it and idem runs the losing body again, as for any deadlock. One [`send_all`]
+//! takes its locks in one order.
+//!
+//! # Trace context
+//!
+//! A record sent while a consumer handles a message carries that message's trace
+//! (`traceparent`, W3C Trace Context): the incoming `traceparent` header's trace, with a
+//! span id of its own; a message without one starts a trace that the consumer's `process`
+//! span records as `trace_parent`.
+pub mod admin;
+mod error;
+mod record;
+mod relay;
+mod trace;
+
+use idem_runtime::CurrentDelivery;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::schema::Schema;
+use crate::store::outbox::{Insert, insert_records, notify};
+
+pub use error::OutboxError;
+pub use record::Record;
+pub use relay::{Relay, RelayBuilder, RelayStats};
+pub(crate) use trace::TraceContext;
+
+/// The header that carries a record's idempotency key (the UUID's text, 36 bytes).
+pub const KEY_HEADER: &str = "idem-key";
+
+/// The header that carries the trace context (W3C Trace Context).
+pub const TRACE_HEADER: &str = "traceparent";
+
+/// The number of shards of the outbox: records are spread over them by topic and Kafka
+/// key, and each is published by one relay at a time. Fixed: every release publishes
+/// and orders by the same shards.
+pub const SHARDS: i16 = 16;
+
+/// The advisory lock class (the first key of `pg_advisory_xact_lock(int, int)`) of the
+/// locks that [`send`] takes on a topic and Kafka key.
+pub const LOCK_CLASS: i32 = 0x1de0_0b0c;
+
+/// Writes `record` into the outbox in `tx`, the transaction of the handler whose body
+/// calls it; returns the record's idempotency key. The record is published after `tx`
+/// commits, and never if it rolls back.
+///
+/// The outbox is in the adapter's default schema for the handle the body runs on
+/// (`<idem's schema>_kafka`); [`send_all_in`] takes another.
+///
+/// Fails with [`OutboxError::NoDelivery`] outside a transactional handler's body, unless
+/// the record has a key of its own ([`Record::idempotency_key`]).
+pub async fn send(tx: &mut PgConnection, record: Record) -> Result<Uuid, OutboxError> {
+    let mut keys = send_all(tx, [record]).await?;
+    Ok(keys.remove(0))
+}
+
+/// Writes `records` into the outbox in `tx`, in one statement; returns their
+/// idempotency keys, in order. See [`send`].
+pub async fn send_all(
+    tx: &mut PgConnection,
+    records: impl IntoIterator<Item = Record>,
+) -> Result<Vec<Uuid>, OutboxError> {
+    let current = CurrentDelivery::get();
+    let schema = match &current {
+        Some(current) => Schema::for_idem(current.idem()),
+        None => Schema::named(crate::schema::DEFAULT)
+            .map_err(|error| OutboxError::Invalid(error.to_string()))?,
+    };
+    send_with(&schema, current.as_ref(), tx, records).await
+}
+
+/// [`send_all`] into the outbox of `schema` (a consumer built with
+/// [`ConsumerBuilder::schema`](crate::ConsumerBuilder::schema)).
+pub async fn send_all_in(
+    schema: &Schema,
+    tx: &mut PgConnection,
+    records: impl IntoIterator<Item = Record>,
+) -> Result<Vec<Uuid>, OutboxError> {
+    send_with(schema, CurrentDelivery::get().as_ref(), tx, records).await
+}
+
+async fn send_with(
+    schema: &Schema,
+    current: Option<&CurrentDelivery>,
+    tx: &mut PgConnection,
+    records: impl IntoIterator<Item = Record>,
+) -> Result<Vec<Uuid>, OutboxError> {
+    let trace = TraceContext::current();
+    let mut rows = Vec::new();
+    for record in records {
+        rows.push(prepare(current, trace.as_ref(), record)?);
+    }
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys = rows.iter().map(|row| row.idem_key).collect();
+    insert_records(tx, schema, &rows)
+        .await
+        .map_err(OutboxError::Database)?;
+    if wake_relays_now() {
+        notify(tx, schema, &relay::channel(schema))
+            .await
+            .map_err(OutboxError::Database)?;
+    }
+    metrics::counter!("idem_outbox_written_total").increment(rows.len() as u64);
+    Ok(keys)
+}
+
+/// Whether this send also wakes the relays: at most once every 50 ms per process, since
+/// every notifying transaction takes the server's notification lock at its commit. The
+/// relays poll besides, so a record sent without a wake-up waits at most a poll.
+fn wake_relays_now() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let now = START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+        + 1_000;
+    let last = LAST.load(Ordering::Relaxed);
+    now >= last + 50
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
+/// A record's row: its key derived, its shard and lock chosen, its headers checked.
+fn prepare(
+    current: Option<&CurrentDelivery>,
+    trace: Option<&TraceContext>,
+    record: Record,
+) -> Result<Insert, OutboxError> {
+    if record.topic.is_empty() || record.topic.len() > 249 {
+        return Err(OutboxError::Invalid(format!(
+            "a topic name has 1 to 249 characters; got {:?}",
+            record.topic
+        )));
+    }
+    if let Some((name, _)) = record.headers.iter().find(|(name, _)| name == KEY_HEADER) {
+        return Err(OutboxError::Invalid(format!(
+            "the header {name:?} is the outbox's own: it carries the record's idempotency key"
+        )));
+    }
+    let idem_key = match (record.idem_key, current) {
+        (Some(key), _) => key,
+        (None, Some(current)) => {
+            let name = match &record.name {
+                Some(name) => name.clone(),
+                None => match current.next_unnamed(record.message) {
+                    Some(position) => format!("#{position}"),
+                    None => return Err(no_message(current, record.message)),
+                },
+            };
+            current
+                .derived_key(record.message, &name)
+                .ok_or_else(|| no_message(current, record.message))?
+        }
+        (None, None) => return Err(OutboxError::NoDelivery),
+    };
+    let mut headers = record.headers;
+    if let Some(trace) = trace {
+        headers.retain(|(name, _)| name != TRACE_HEADER);
+        headers.push((TRACE_HEADER.to_owned(), trace.child().into_bytes()));
+    }
+    let ordered_by = match (&record.key, record.partition) {
+        (Some(key), _) => Some(key.as_slice()),
+        (None, Some(_)) | (None, None) => None,
+    };
+    let lock = match ordered_by {
+        Some(key) => order_hash(&record.topic, key),
+        None => match record.partition {
+            Some(partition) => order_hash(&record.topic, &partition.to_be_bytes()),
+            None => order_hash(&record.topic, idem_key.as_bytes()),
+        },
+    };
+    let (names, values) = headers.into_iter().unzip();
+    Ok(Insert {
+        shard: shard_of(lock),
+        lock: lock as i32,
+        topic: record.topic,
+        partition: record.partition,
+        key: record.key,
+        payload: record.payload,
+        header_names: names,
+        header_values: values,
+        idem_key,
+    })
+}
+
+fn no_message(current: &CurrentDelivery, message: usize) -> OutboxError {
+    OutboxError::Invalid(format!(
+        "the record follows from message {message}, but the body handles {} message(s)",
+        current.keys().len()
+    ))
+}
+
+/// FNV-1a (32 bits) of the topic, a zero byte and `key`: what orders a record, the same in
+/// every process and release.
+fn order_hash(topic: &str, key: &[u8]) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in topic.as_bytes().iter().chain(&[0]).chain(key) {
+        hash ^= u32::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash
+}
+
+fn shard_of(hash: u32) -> i16 {
+    // SHARDS is positive and small: the remainder fits.
+    (hash % SHARDS as u32) as i16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_of_one_topic_and_key_share_a_shard_and_a_lock() {
+        let a = order_hash("receipts", b"order-1");
+        assert_eq!(a, order_hash("receipts", b"order-1"));
+        assert_ne!(a, order_hash("receipts", b"order-2"));
+        assert_ne!(a, order_hash("receipt", b"sorder-1"));
+        // Fixed across releases: a stored record's shard never moves.
+        assert_eq!(order_hash("receipts", b"order-1"), 322_501_034);
+        assert!((0..SHARDS).contains(&shard_of(a)));
+    }
+}

@@ -1,0 +1,425 @@
+//! The statements on the outbox (`kafka_outbox`) and its relays' leases
+//! (`kafka_outbox_relays`).
+
+use std::time::Duration;
+
+use sqlx::{PgConnection, Row};
+use uuid::Uuid;
+
+use crate::outbox::LOCK_CLASS;
+use crate::schema::Schema;
+
+fn outbox_table(schema: &Schema) -> String {
+    format!("{}.kafka_outbox", schema.as_str())
+}
+
+fn relays_table(schema: &Schema) -> String {
+    format!("{}.kafka_outbox_relays", schema.as_str())
+}
+
+/// A record's row, as [`insert_records`] writes it.
+#[derive(Debug)]
+pub(crate) struct Insert {
+    pub shard: i16,
+    /// The lock on the record's topic and Kafka key (the second key of the advisory lock).
+    pub lock: i32,
+    pub topic: String,
+    pub partition: Option<i32>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub header_names: Vec<String>,
+    pub header_values: Vec<Vec<u8>>,
+    pub idem_key: Uuid,
+}
+
+/// Writes `rows` in one statement, in the caller's transaction. Each row's lock is taken
+/// before the row is numbered, in the order of the locks (then of the rows), so that two
+/// transactions sending for one topic and key number their records in the order they
+/// end, and one statement never waits for itself in a cycle.
+pub(crate) async fn insert_records(
+    tx: &mut PgConnection,
+    schema: &Schema,
+    rows: &[Insert],
+) -> Result<(), sqlx::Error> {
+    let table = outbox_table(schema);
+    // Headers travel as one JSON document per record: arrays of arrays do not bind.
+    let headers: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|row| {
+            serde_json::Value::Array(
+                row.header_names
+                    .iter()
+                    .zip(&row.header_values)
+                    .map(|(name, value)| serde_json::json!([name, hex(value)]))
+                    .collect(),
+            )
+        })
+        .collect();
+    sqlx::query(&format!(
+        "INSERT INTO {table} (shard, topic, kafka_partition, record_key, payload, header_names, \
+                              header_values, idem_key) \
+         SELECT r.shard, r.topic, r.kafka_partition, r.record_key, r.payload, \
+                ARRAY(SELECT h->>0 FROM json_array_elements(r.headers) WITH ORDINALITY AS e(h, n) ORDER BY n), \
+                ARRAY(SELECT decode(h->>1, 'hex') FROM json_array_elements(r.headers) WITH ORDINALITY AS e(h, n) ORDER BY n), \
+                r.idem_key \
+         FROM (SELECT u.*, pg_advisory_xact_lock({LOCK_CLASS}, u.lock) AS locked \
+               FROM unnest($1::smallint[], $2::int[], $3::text[], $4::int[], $5::bytea[], $6::bytea[], \
+                           $7::json[], $8::uuid[]) WITH ORDINALITY \
+                    AS u(shard, lock, topic, kafka_partition, record_key, payload, headers, idem_key, n) \
+               ORDER BY u.lock, u.n) AS r"
+    ))
+    .bind(rows.iter().map(|row| row.shard).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.lock).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.topic.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.partition).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.key.as_deref()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.payload.as_deref()).collect::<Vec<_>>())
+    .bind(headers)
+    .bind(rows.iter().map(|row| row.idem_key).collect::<Vec<_>>())
+    .persistent(schema.prepared())
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut text, byte| {
+            let _ = write!(text, "{byte:02x}");
+            text
+        })
+}
+
+/// A record as the relay publishes it.
+#[derive(Debug, Clone)]
+pub(crate) struct Pending {
+    pub id: i64,
+    pub topic: String,
+    pub partition: Option<i32>,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub headers: Vec<(String, Vec<u8>)>,
+    pub idem_key: Uuid,
+    pub attempts: i32,
+}
+
+/// Renews this relay's leases and takes the shards whose lease expired (or that no relay
+/// held yet), up to `wanted` shards in all; returns the shards it holds now.
+pub(crate) async fn hold_shards(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    owner: Uuid,
+    lease: Duration,
+    shards: i16,
+    wanted: i16,
+) -> Result<Vec<i16>, sqlx::Error> {
+    let table = relays_table(schema);
+    let millis = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+    let rows = sqlx::query(&format!(
+        "WITH renewed AS ( \
+             UPDATE {table} SET expires_at = now() + $3 * interval '1 millisecond' \
+             WHERE owner = $1 RETURNING shard), \
+         taken AS ( \
+             INSERT INTO {table} AS r (shard, owner, expires_at) \
+             SELECT s, $1, now() + $3 * interval '1 millisecond' \
+             FROM generate_series(0, $2 - 1) AS s \
+             WHERE s NOT IN (SELECT shard FROM renewed) \
+             ORDER BY random() \
+             LIMIT greatest($4 - (SELECT count(*) FROM renewed), 0) \
+             ON CONFLICT (shard) DO UPDATE SET owner = EXCLUDED.owner, expires_at = EXCLUDED.expires_at \
+             WHERE r.expires_at < now() \
+             RETURNING shard) \
+         SELECT shard FROM renewed UNION ALL SELECT shard FROM taken ORDER BY 1"
+    ))
+    .bind(owner)
+    .bind(i32::from(shards))
+    .bind(millis)
+    .bind(i64::from(wanted))
+    .persistent(schema.prepared())
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter().map(|row| row.try_get(0)).collect()
+}
+
+/// Gives up this relay's leases (a graceful stop), so that others take the shards at once.
+pub(crate) async fn release_shards(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    owner: Uuid,
+) -> Result<(), sqlx::Error> {
+    let table = relays_table(schema);
+    sqlx::query(&format!("DELETE FROM {table} WHERE owner = $1"))
+        .bind(owner)
+        .persistent(schema.prepared())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// The next unsent, unparked records of `shard`, in order.
+pub(crate) async fn pending(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    shard: i16,
+    limit: i64,
+) -> Result<Vec<Pending>, sqlx::Error> {
+    let table = outbox_table(schema);
+    let rows = sqlx::query(&format!(
+        "SELECT id, topic, kafka_partition, record_key, payload, header_names, header_values, \
+                idem_key, attempts \
+         FROM {table} WHERE shard = $1 AND sent_at IS NULL AND parked_at IS NULL \
+         ORDER BY id LIMIT $2"
+    ))
+    .bind(shard)
+    .bind(limit)
+    .persistent(schema.prepared())
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let names: Vec<String> = row.try_get("header_names")?;
+            let values: Vec<Vec<u8>> = row.try_get("header_values")?;
+            Ok(Pending {
+                id: row.try_get("id")?,
+                topic: row.try_get("topic")?,
+                partition: row.try_get("kafka_partition")?,
+                key: row.try_get("record_key")?,
+                payload: row.try_get("payload")?,
+                headers: names.into_iter().zip(values).collect(),
+                idem_key: row.try_get("idem_key")?,
+                attempts: row.try_get("attempts")?,
+            })
+        })
+        .collect()
+}
+
+/// Marks records sent, if this relay still holds their shard; returns how many.
+pub(crate) async fn mark_sent(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    owner: Uuid,
+    shard: i16,
+    ids: &[i64],
+) -> Result<u64, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let (table, relays) = (outbox_table(schema), relays_table(schema));
+    let done = sqlx::query(&format!(
+        "UPDATE {table} SET sent_at = now() \
+         WHERE id = ANY($1) AND sent_at IS NULL \
+           AND EXISTS (SELECT FROM {relays} WHERE shard = $2 AND owner = $3)"
+    ))
+    .bind(ids)
+    .bind(shard)
+    .bind(owner)
+    .persistent(schema.prepared())
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Records a failed publication of record `id`: parked with `error` when `park`, else
+/// counted (`attempts`) with `error` for the next try.
+pub(crate) async fn record_failure(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: i64,
+    error: &str,
+    park: bool,
+) -> Result<(), sqlx::Error> {
+    let table = outbox_table(schema);
+    sqlx::query(&format!(
+        "UPDATE {table} SET attempts = attempts + 1, last_error = $2, \
+                            parked_at = CASE WHEN $3 THEN now() END \
+         WHERE id = $1 AND sent_at IS NULL"
+    ))
+    .bind(id)
+    .bind(error)
+    .bind(park)
+    .persistent(schema.prepared())
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Deletes records sent before `cutoff` ago, `batch` at a time (oldest first); returns
+/// how many it deleted. Unsent and parked records stay.
+pub(crate) async fn purge_sent(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    older_than: Duration,
+    batch: i64,
+) -> Result<u64, sqlx::Error> {
+    let table = outbox_table(schema);
+    let millis = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+    let mut deleted = 0;
+    loop {
+        let done = sqlx::query(&format!(
+            "DELETE FROM {table} WHERE id IN ( \
+                 SELECT id FROM {table} \
+                 WHERE sent_at < now() - $1 * interval '1 millisecond' \
+                 ORDER BY id LIMIT $2)"
+        ))
+        .bind(millis)
+        .bind(batch)
+        .persistent(schema.prepared())
+        .execute(&mut *conn)
+        .await?;
+        deleted += done.rows_affected();
+        if done.rows_affected() < u64::try_from(batch).unwrap_or(u64::MAX) {
+            return Ok(deleted);
+        }
+    }
+}
+
+/// How long the oldest unsent (and unparked) record has waited.
+pub(crate) async fn oldest_unsent(
+    conn: &mut PgConnection,
+    schema: &Schema,
+) -> Result<Option<Duration>, sqlx::Error> {
+    let table = outbox_table(schema);
+    let millis: Option<i64> = sqlx::query_scalar(&format!(
+        "SELECT (extract(epoch FROM now() - min(created_at)) * 1000)::bigint FROM {table} \
+         WHERE sent_at IS NULL AND parked_at IS NULL"
+    ))
+    .persistent(schema.prepared())
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(millis.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
+}
+
+/// Tells the relays listening for `schema`'s outbox that records are waiting, when the
+/// caller's transaction commits.
+pub(crate) async fn notify(
+    tx: &mut PgConnection,
+    schema: &Schema,
+    channel: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(channel)
+        .persistent(schema.prepared())
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// The outbox at a glance: records waiting, parked and sent (kept), and the oldest
+/// waiting record's age.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OutboxSummary {
+    /// Records not published yet (and not parked).
+    pub unsent: i64,
+    /// Records set aside with their error.
+    pub parked: i64,
+    /// Published records still kept.
+    pub sent: i64,
+    /// How long the oldest unsent record has waited.
+    pub oldest_unsent: Option<Duration>,
+    /// Shards and the relay that holds each, with the time its lease has left.
+    pub relays: Vec<(i16, Uuid, Duration)>,
+}
+
+pub(crate) async fn summary(
+    conn: &mut PgConnection,
+    schema: &Schema,
+) -> Result<OutboxSummary, sqlx::Error> {
+    let (table, relays) = (outbox_table(schema), relays_table(schema));
+    let row = sqlx::query(&format!(
+        "SELECT count(*) FILTER (WHERE sent_at IS NULL AND parked_at IS NULL) AS unsent, \
+                count(*) FILTER (WHERE parked_at IS NOT NULL AND sent_at IS NULL) AS parked, \
+                count(*) FILTER (WHERE sent_at IS NOT NULL) AS sent, \
+                (extract(epoch FROM now() - min(created_at) FILTER (WHERE sent_at IS NULL AND parked_at IS NULL)) * 1000)::bigint AS oldest \
+         FROM {table}"
+    ))
+    .persistent(schema.prepared())
+    .fetch_one(&mut *conn)
+    .await?;
+    let held = sqlx::query(&format!(
+        "SELECT shard, owner, greatest((extract(epoch FROM expires_at - now()) * 1000)::bigint, 0) AS left_ms \
+         FROM {relays} ORDER BY shard"
+    ))
+    .persistent(schema.prepared())
+    .fetch_all(&mut *conn)
+    .await?;
+    let millis = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    Ok(OutboxSummary {
+        unsent: row.try_get("unsent")?,
+        parked: row.try_get("parked")?,
+        sent: row.try_get("sent")?,
+        oldest_unsent: row.try_get::<Option<i64>, _>("oldest")?.map(millis),
+        relays: held
+            .iter()
+            .map(|row| {
+                Ok((
+                    row.try_get("shard")?,
+                    row.try_get("owner")?,
+                    millis(row.try_get("left_ms")?),
+                ))
+            })
+            .collect::<Result<_, sqlx::Error>>()?,
+    })
+}
+
+/// A record set aside, as `idem outbox parked` lists it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParkedRecord {
+    /// The record's number in the outbox.
+    pub id: i64,
+    /// Its topic.
+    pub topic: String,
+    /// Its idempotency key.
+    pub idem_key: Uuid,
+    /// Publications that failed.
+    pub attempts: i32,
+    /// The last failure's text.
+    pub error: Option<String>,
+}
+
+pub(crate) async fn parked(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    limit: i64,
+) -> Result<Vec<ParkedRecord>, sqlx::Error> {
+    let table = outbox_table(schema);
+    let rows = sqlx::query(&format!(
+        "SELECT id, topic, idem_key, attempts, last_error FROM {table} \
+         WHERE parked_at IS NOT NULL AND sent_at IS NULL ORDER BY id LIMIT $1"
+    ))
+    .bind(limit)
+    .persistent(schema.prepared())
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(ParkedRecord {
+                id: row.try_get("id")?,
+                topic: row.try_get("topic")?,
+                idem_key: row.try_get("idem_key")?,
+                attempts: row.try_get("attempts")?,
+                error: row.try_get("last_error")?,
+            })
+        })
+        .collect()
+}
+
+/// Puts a parked record (or every parked one, `id` = `None`) back in line, its attempts
+/// counted from zero; returns how many.
+pub(crate) async fn retry(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    id: Option<i64>,
+) -> Result<u64, sqlx::Error> {
+    let table = outbox_table(schema);
+    let done = sqlx::query(&format!(
+        "UPDATE {table} SET parked_at = NULL, attempts = 0 \
+         WHERE parked_at IS NOT NULL AND sent_at IS NULL AND ($1::bigint IS NULL OR id = $1)"
+    ))
+    .bind(id)
+    .persistent(schema.prepared())
+    .execute(&mut *conn)
+    .await?;
+    Ok(done.rows_affected())
+}

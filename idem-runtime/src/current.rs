@@ -1,0 +1,153 @@
+//! The delivery whose body runs in the current task, for code that a handler's body calls
+//! and that derives keys of its own from the fact being handled: an outbox stamping each
+//! outgoing record with a key that every run of the same fact derives alike.
+//!
+//! The runtime sets it around each run of a transactional body (`#[idempotent]` without
+//! `lease`, the per-message bodies of `batch = true`, and a batch handler's body, which
+//! holds the keys of all its messages), in the task that runs the body. Outside a body,
+//! and in a task the body spawns, there is none.
+//!
+//! ```
+//! use idem_runtime::CurrentDelivery;
+//!
+//! // Not in a handler's body here.
+//! assert!(CurrentDelivery::get().is_none());
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use uuid::Uuid;
+
+use crate::key::{IdempotencyKey, KeyBuilder, KeyError};
+use crate::runtime::Idem;
+
+tokio::task_local! {
+    static CURRENT: CurrentDelivery;
+}
+
+/// The delivery whose body runs in this task: its handle, its scope and its key (a batch
+/// handler's body: the keys of its messages, in the order of its slice).
+#[derive(Debug, Clone)]
+pub struct CurrentDelivery {
+    idem: Idem,
+    scope: &'static str,
+    keys: Keys,
+    /// Per message, how many unnamed things the body derived keys for so far.
+    unnamed: Arc<[AtomicU32]>,
+}
+
+#[derive(Debug, Clone)]
+enum Keys {
+    One(IdempotencyKey),
+    Many(Arc<[IdempotencyKey]>),
+}
+
+/// The text that tells an outgoing key's encoding apart from every message's key.
+const OUTGOING: &str = "idem:outgoing";
+
+impl CurrentDelivery {
+    /// The delivery whose body runs in this task, if any.
+    pub fn get() -> Option<CurrentDelivery> {
+        CURRENT.try_with(Clone::clone).ok()
+    }
+
+    /// The handle the delivery runs on.
+    pub fn idem(&self) -> &Idem {
+        &self.idem
+    }
+
+    /// The handler's scope.
+    pub fn scope(&self) -> &str {
+        self.scope
+    }
+
+    /// The keys of the delivery's messages: one, or a batch handler's, in the order of
+    /// the slice its body received.
+    pub fn keys(&self) -> &[IdempotencyKey] {
+        match &self.keys {
+            Keys::One(key) => std::slice::from_ref(key),
+            Keys::Many(keys) => keys,
+        }
+    }
+
+    /// The key of something the body derives from its message number `message` (0 for a
+    /// handler of one message) under `name`: the same for every run of the same fact in
+    /// the same scope, and different for every other name, fact or scope. `None` when the
+    /// delivery has no message `message`.
+    ///
+    /// It is the key of the parts `"idem:outgoing"`, the scope, the message's key (a
+    /// UUID part) and `name`, as [`KeyBuilder`] derives every key (see
+    /// [`key`](crate::key)), so that a producer outside Rust can derive it too.
+    pub fn derived_key(&self, message: usize, name: &str) -> Option<Uuid> {
+        let key = self.keys().get(message)?;
+        Some(outgoing_key(self.scope, *key, name))
+    }
+
+    /// The position of the next unnamed thing that this run of the body derives a key for
+    /// from message `message`: 0, 1, 2, ... in the order of the calls. `None` when the
+    /// delivery has no message `message`.
+    pub fn next_unnamed(&self, message: usize) -> Option<u32> {
+        Some(self.unnamed.get(message)?.fetch_add(1, Ordering::Relaxed))
+    }
+
+    pub(crate) fn one(idem: &Idem, scope: &'static str, key: IdempotencyKey) -> Self {
+        CurrentDelivery {
+            idem: idem.clone(),
+            scope,
+            keys: Keys::One(key),
+            unnamed: Arc::new([AtomicU32::new(0)]),
+        }
+    }
+
+    pub(crate) fn many(idem: &Idem, scope: &'static str, keys: Vec<IdempotencyKey>) -> Self {
+        CurrentDelivery {
+            idem: idem.clone(),
+            scope,
+            unnamed: keys.iter().map(|_| AtomicU32::new(0)).collect(),
+            keys: Keys::Many(keys.into()),
+        }
+    }
+
+    /// Runs `future` (a body) with this delivery as the task's current one.
+    pub(crate) async fn run<F: Future>(self, future: F) -> F::Output {
+        CURRENT.scope(self, future).await
+    }
+}
+
+/// The key that a body handling the fact `key` in `scope` derives under `name` (see
+/// [`CurrentDelivery::derived_key`]).
+pub(crate) fn outgoing_key(scope: &str, key: IdempotencyKey, name: &str) -> Uuid {
+    let derived = || -> Result<IdempotencyKey, KeyError> {
+        Ok(KeyBuilder::new()
+            .part("kind", OUTGOING)?
+            .part("scope", scope)?
+            .part("key", &key.as_uuid())?
+            .part("name", name)?
+            .finish())
+    };
+    // Strings and UUIDs always encode: the parts cannot fail.
+    derived()
+        .map(|key| key.as_uuid())
+        .unwrap_or_else(|_| unreachable!("strings and UUIDs are key parts"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outgoing_key_is_the_key_of_its_parts() {
+        let fact = crate::key::key_of(&[&"order-1", &"paid"]).unwrap();
+        let derived = outgoing_key("billing::apply", fact, "receipt");
+        let by_hand =
+            crate::key::key_of(&[&OUTGOING, &"billing::apply", &fact.as_uuid(), &"receipt"])
+                .unwrap();
+        assert_eq!(derived, by_hand.as_uuid());
+        assert_ne!(derived, outgoing_key("billing::apply", fact, "stock"));
+        assert_ne!(derived, outgoing_key("billing::other", fact, "receipt"));
+        // A vector for producers outside Rust (the key docs' Python reference).
+        assert_eq!(derived.to_string(), "1d505c2b-b185-8558-a667-85fa14342073");
+    }
+}

@@ -1,0 +1,332 @@
+//! Exactly once across two hops: facts on topic A, handled by `apply_fact` (a business
+//! row and two outgoing records through the outbox), published by relays to topic B,
+//! handled by `receive` (a business row per record, keyed on the record's `idem-key`).
+//! Duplicates of the first facts are sent at the start; a handler-1 member is killed and
+//! replaced, a relay is killed after the broker acknowledged a round and before it marked
+//! it sent (its records are published again by the relay that takes its shards over), and
+//! every backend of the database is killed three times. At the end every fact has one row
+//! of handler 1 and exactly its two rows of handler 2, in order per Kafka key, and the
+//! outbox is drained.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_demo::kafka::admin;
+use idem_demo::kafka::producer::create_producer;
+use idem_kafka::outbox::{self, Record, Relay};
+use idem_kafka::{Consumer, Fate, Handler, Keyed, OffsetStore, Position, Received, Stats};
+use idem_runtime::{Idem, idempotent};
+use rdkafka::producer::FutureRecord;
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::watch;
+
+use crate::support::{Harness, total};
+
+const FACTS: usize = 400;
+const ACCOUNTS: usize = 10;
+const DUPLICATED: usize = 40;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Fact {
+    fact_id: String,
+    account: String,
+    seq: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Outgoing {
+    fact_id: String,
+    account: String,
+    seq: i64,
+    kind: String,
+}
+
+/// Handler 1: the fact's row, and a receipt and a stock reservation for topic B, keyed by
+/// account, in the claim's transaction.
+#[idempotent(key = "fact_id", scope = "chain.apply_fact")]
+async fn apply_fact(tx: &mut PgConnection, fact: &Fact, topic_b: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO chain_applied (fact_id, account, seq) VALUES ($1, $2, $3)")
+        .bind(&fact.fact_id)
+        .bind(&fact.account)
+        .bind(fact.seq)
+        .execute(&mut *tx)
+        .await?;
+    let record = |kind: &str| {
+        let out = Outgoing {
+            fact_id: fact.fact_id.clone(),
+            account: fact.account.clone(),
+            seq: fact.seq,
+            kind: kind.to_owned(),
+        };
+        Record::to(topic_b).name(kind).key(&fact.account).json(&out)
+    };
+    outbox::send_all(tx, [record("receipt")?, record("stock")?]).await?;
+    Ok(())
+}
+
+/// Handler 2: one row per outgoing record, however often it arrives.
+#[idempotent(key = "idem_key", scope = "chain.receive")]
+async fn receive(tx: &mut PgConnection, out: &Keyed<Outgoing>) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO chain_received (idem_key, fact_id, account, seq, kind) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(out.idem_key)
+    .bind(&out.message.fact_id)
+    .bind(&out.message.account)
+    .bind(out.message.seq)
+    .bind(&out.message.kind)
+    .execute(&mut *tx)
+    .await
+    .map(|_| ())
+}
+
+struct Facts {
+    topic_b: String,
+}
+
+impl Handler for Facts {
+    type Message = Fact;
+    fn decode(&self, payload: &[u8]) -> Result<Fact, String> {
+        idem_kafka::decode_json(payload)
+    }
+    async fn handle(&self, idem: &Idem, fact: &Fact, _: Option<&Position>) -> Fate {
+        Fate::of(apply_fact(idem, fact, &self.topic_b).await)
+    }
+}
+
+struct Receipts;
+
+impl Handler for Receipts {
+    type Message = Keyed<Outgoing>;
+    fn decode(&self, _: &[u8]) -> Result<Keyed<Outgoing>, String> {
+        Err("decoded with its headers".to_owned())
+    }
+    fn decode_received(&self, received: &Received<'_>) -> Result<Keyed<Outgoing>, String> {
+        Keyed::decode_json(received)
+    }
+    async fn handle(&self, idem: &Idem, out: &Keyed<Outgoing>, _: Option<&Position>) -> Fate {
+        Fate::of(receive(idem, out).await)
+    }
+}
+
+fn fact(index: usize) -> Fact {
+    Fact {
+        fact_id: format!("fact-{index}"),
+        account: format!("account-{}", index % ACCOUNTS),
+        seq: index as i64,
+    }
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap_or(-1)
+}
+
+fn spawn_relay(
+    harness: &Harness,
+    stop: &watch::Sender<bool>,
+) -> (
+    Arc<Relay>,
+    tokio::task::JoinHandle<Result<(), idem_kafka::ConsumerError>>,
+) {
+    let relay = Arc::new(
+        Relay::builder(&harness.brokers)
+            .lease(Duration::from_secs(2))
+            .poll(Duration::from_millis(100))
+            .batch(50)
+            .build(&harness.idem)
+            .unwrap(),
+    );
+    let mut stopped = stop.subscribe();
+    let running = relay.clone();
+    let task = tokio::spawn(async move {
+        running
+            .run(async move {
+                stopped.wait_for(|stop| *stop).await.ok();
+            })
+            .await
+    });
+    (relay, task)
+}
+
+#[sqlx::test(migrations = false)]
+async fn every_fact_reaches_the_second_hop_once_in_order_through_kills(pool: PgPool) {
+    let harness = Harness::new(&pool, "outbox-chain", 4).await;
+    let topic_b = format!("{}-b", harness.topic);
+    admin::create_topic(&harness.brokers, &topic_b, 4)
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE chain_applied (fact_id text NOT NULL, account text NOT NULL, seq bigint NOT NULL);
+         CREATE TABLE chain_received (id bigserial PRIMARY KEY, idem_key uuid NOT NULL, fact_id text NOT NULL,
+                                      account text NOT NULL, seq bigint NOT NULL, kind text NOT NULL);",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let (stop, _) = watch::channel(false);
+
+    // Handler 2 on topic B, its own group.
+    let second = Consumer::builder(&harness.brokers, format!("{topic_b}-group"), &topic_b)
+        .session_timeout(Duration::from_secs(6))
+        .build(harness.idem.clone(), Receipts)
+        .unwrap();
+    let second_stats: Arc<Stats> = second.stats();
+    let mut stopped = stop.subscribe();
+    let second_task = tokio::spawn(second.run(async move {
+        stopped.wait_for(|stop| *stop).await.ok();
+    }));
+
+    // Handler 1's members, and the first relay alone, so that it holds every shard.
+    let facts = |name: &str| {
+        harness.member(
+            name,
+            Facts {
+                topic_b: topic_b.clone(),
+            },
+            |builder| builder.offsets(OffsetStore::Kafka),
+        )
+    };
+    let first = facts("one");
+    let other = facts("two");
+    let (doomed_relay, doomed_task) = spawn_relay(&harness, &stop);
+    let held = format!(
+        "SELECT count(*) FROM idem_kafka.kafka_outbox_relays WHERE owner = '{}'",
+        doomed_relay.id()
+    );
+    while count(&pool, &held).await < i64::from(outbox::SHARDS) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let producer = create_producer(&harness.brokers).unwrap();
+    let send = async |index: usize| {
+        let fact = fact(index);
+        let payload = serde_json::to_vec(&fact).unwrap();
+        producer
+            .send(
+                FutureRecord::to(&harness.topic)
+                    .key(&fact.account)
+                    .payload(&payload),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    };
+    // Duplicates at the start: the first facts twice.
+    for index in 0..DUPLICATED {
+        send(index).await;
+        send(index).await;
+    }
+    for index in DUPLICATED..FACTS / 2 {
+        send(index).await;
+    }
+    let applied = || count(&pool, "SELECT count(DISTINCT fact_id) FROM chain_applied");
+    while applied().await < (FACTS / 4) as i64 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A relay dies between the acknowledgement and the mark; a second one takes over once
+    // its lease is out. A handler-1 member dies; a third joins. Backends die throughout.
+    doomed_relay.kill_switch().kill();
+    let (relay, relay_task) = spawn_relay(&harness, &stop);
+    first.kill.kill();
+    first.task.abort();
+    let third = facts("three");
+    for index in FACTS / 2..FACTS {
+        send(index).await;
+        if index % 70 == 0 {
+            sqlx::query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+            )
+            .execute(&pool)
+            .await
+            .ok();
+        }
+    }
+    assert!(
+        tokio::time::timeout(Duration::from_secs(30), doomed_task)
+            .await
+            .is_ok(),
+        "the killed relay stopped"
+    );
+
+    let received = || {
+        count(
+            &pool,
+            "SELECT count(DISTINCT (fact_id, kind)) FROM chain_received",
+        )
+    };
+    let unsent = || {
+        count(
+            &pool,
+            "SELECT count(*) FROM idem_kafka.kafka_outbox WHERE sent_at IS NULL",
+        )
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (a, r, u) = (applied().await, received().await, unsent().await);
+        if a == FACTS as i64 && r == 2 * FACTS as i64 && u == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out: {a} facts applied, {r} records received, {u} unsent"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Exactly once on both hops.
+    let applied_rows = count(&pool, "SELECT count(*) FROM chain_applied").await;
+    let received_rows = count(&pool, "SELECT count(*) FROM chain_received").await;
+    assert_eq!(applied_rows, FACTS as i64, "one row of handler 1 per fact");
+    assert_eq!(
+        received_rows,
+        2 * FACTS as i64,
+        "two rows of handler 2 per fact"
+    );
+    // In order per Kafka key (account) and record name.
+    let rows: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT account, kind, seq FROM chain_received ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let mut last: HashMap<(String, String), i64> = HashMap::new();
+    for (account, kind, seq) in rows {
+        if let Some(previous) = last.insert((account.clone(), kind.clone()), seq) {
+            assert!(
+                previous < seq,
+                "{account}/{kind}: {seq} arrived after {previous}"
+            );
+        }
+    }
+    let parked = count(
+        &pool,
+        "SELECT count(*) FROM idem_kafka.kafka_outbox WHERE parked_at IS NOT NULL",
+    )
+    .await;
+    assert_eq!(parked, 0, "nothing parked");
+    let second_snapshot = second_stats.snapshot();
+    eprintln!(
+        "chain: {FACTS} facts ({DUPLICATED} sent twice), {applied_rows} rows of handler 1, {received_rows} of handler 2; \
+         handler 2 received {} records, {} duplicates (records published again after the killed relay), \
+         relays published {} + {}",
+        second_snapshot.deliveries,
+        second_snapshot.duplicates,
+        doomed_relay.stats().published(),
+        relay.stats().published(),
+    );
+    assert!(
+        second_snapshot.duplicates > 0,
+        "the relay killed before marking its round published it again"
+    );
+
+    stop.send(true).ok();
+    relay_task.await.unwrap().unwrap();
+    second_task.await.unwrap().unwrap();
+    let first_snapshot = total(&[&other.stats, &third.stats]);
+    eprintln!("handler 1: {first_snapshot:?}");
+    harness.stop(vec![other, third]).await;
+    harness.finish().await;
+}
