@@ -330,3 +330,128 @@ async fn every_fact_reaches_the_second_hop_once_in_order_through_kills(pool: PgP
     harness.stop(vec![other, third]).await;
     harness.finish().await;
 }
+
+/// Handler 1 that fails after sending: by its own error, or by a statement that fails.
+#[idempotent(key = "fact_id", scope = "chain.failing", max_attempts = 1)]
+async fn fails_after_send(
+    tx: &mut PgConnection,
+    fact: &Fact,
+    topic: &str,
+) -> Result<(), sqlx::Error> {
+    outbox::send(
+        tx,
+        Record::to(topic)
+            .name("early")
+            .key(&fact.account)
+            .payload("x"),
+    )
+    .await?;
+    if fact.seq % 2 == 0 {
+        return Err(sqlx::Error::Protocol("the body gives up".to_owned()));
+    }
+    sqlx::query("SELECT 1 / 0").execute(&mut *tx).await?;
+    Ok(())
+}
+
+/// Sends what it is told to, keyed by account.
+#[idempotent(key = "fact_id", scope = "chain.sender")]
+async fn send_payload(
+    tx: &mut PgConnection,
+    fact: &Fact,
+    topic: &str,
+    bytes: usize,
+) -> Result<(), sqlx::Error> {
+    outbox::send(
+        tx,
+        Record::to(topic)
+            .name("only")
+            .key(&fact.account)
+            .payload(vec![b'x'; bytes]),
+    )
+    .await?;
+    Ok(())
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_rolled_back_body_publishes_nothing_and_a_dead_record_is_parked_alone(pool: PgPool) {
+    let harness = Harness::new(&pool, "outbox-dead", 1).await;
+    let idem = &harness.idem;
+    let outbox_rows = || count(&pool, "SELECT count(*) FROM idem_kafka.kafka_outbox");
+
+    // A body that fails after `send`, by its error or by a failed statement: nothing.
+    for seq in [0, 1] {
+        let fact = Fact {
+            fact_id: format!("failing-{seq}"),
+            account: "a".to_owned(),
+            seq,
+        };
+        assert!(fails_after_send(idem, &fact, &harness.topic).await.is_err());
+    }
+    assert_eq!(outbox_rows().await, 0, "a rolled-back body sent nothing");
+
+    // A record too large for the broker is parked with its error; the records around it,
+    // of its key and of another, are published.
+    let topic = harness.topic.as_str();
+    let sent = |id: &str, account: &str, bytes: usize| {
+        let fact = Fact {
+            fact_id: id.to_owned(),
+            account: account.to_owned(),
+            seq: 0,
+        };
+        async move { send_payload(idem, &fact, topic, bytes).await.unwrap() }
+    };
+    sent("small-1", "k1", 10).await;
+    sent("huge", "k1", 3_000_000).await;
+    sent("small-2", "k1", 10).await;
+    sent("other", "k2", 10).await;
+    let relay = Relay::builder(&harness.brokers).build(idem).unwrap();
+    let mut published = 0;
+    for _ in 0..20 {
+        published += relay.run_once().await.unwrap();
+        if published >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        published, 3,
+        "the records around the dead one were published"
+    );
+    let schema = idem_kafka::Schema::for_idem(idem);
+    let parked = outbox::admin::parked(idem, &schema, 10).await.unwrap();
+    assert_eq!(parked.len(), 1, "{parked:?}");
+    let error = parked[0].error.clone().unwrap_or_default();
+    assert!(
+        error.to_lowercase().contains("size") || error.to_lowercase().contains("large"),
+        "{error}"
+    );
+    let summary = outbox::admin::summary(idem, &schema).await.unwrap();
+    assert_eq!(
+        (summary.unsent, summary.parked, summary.sent),
+        (0, 1, 3),
+        "{summary:?}"
+    );
+
+    // Put back in line, it fails again and is parked again: never retried by itself.
+    assert_eq!(
+        outbox::admin::retry(idem, &schema, Some(parked[0].id))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(relay.run_once().await.unwrap(), 0);
+    assert_eq!(
+        outbox::admin::parked(idem, &schema, 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        relay.run_once().await.unwrap(),
+        0,
+        "a parked record stays parked"
+    );
+    assert_eq!(relay.stats().parked(), 2);
+    harness.finish().await;
+}
