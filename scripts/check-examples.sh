@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds examples/order_consumer.rs and examples/notification_consumer.rs, unchanged, in a
+# Builds examples/order_consumer.rs, examples/notification_consumer.rs and
+# examples/payment_publisher.rs, unchanged, in a
 # fresh crate outside the workspace whose [dependencies] are the list in examples/README.md
 # (the block after `<!-- examples-dependencies -->`): what a team copying an example
 # starts from. idem's crates come from this repository through [patch.crates-io]; the
 # workspace's Cargo.lock and target directory are reused, so a warm run only builds the
-# two examples.
+# examples.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -38,6 +39,10 @@ path = "examples/order_consumer.rs"
 name = "outside_notification_consumer"
 path = "examples/notification_consumer.rs"
 
+[[example]]
+name = "outside_payment_publisher"
+path = "examples/payment_publisher.rs"
+
 [workspace]
 
 $deps
@@ -47,10 +52,10 @@ idem-runtime = { path = "$root/idem-runtime" }
 idem-kafka = { path = "$root/idem-kafka" }
 TOML
 : >"$crate/src/lib.rs"
-cp examples/order_consumer.rs examples/notification_consumer.rs "$crate/examples/"
+cp examples/order_consumer.rs examples/notification_consumer.rs examples/payment_publisher.rs "$crate/examples/"
 cp Cargo.lock "$crate/"
 
-echo "== building examples/order_consumer.rs and examples/notification_consumer.rs outside the workspace"
+echo "== building examples/order_consumer.rs, notification_consumer.rs and payment_publisher.rs outside the workspace"
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}" \
     cargo build --quiet --manifest-path "$crate/Cargo.toml" --examples
-echo "check-examples.sh: both examples build from the README's dependency list"
+echo "check-examples.sh: the three examples build from the README's dependency list"

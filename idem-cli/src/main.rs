@@ -25,6 +25,7 @@
 mod connect;
 mod duration;
 mod failure;
+mod outbox;
 mod output;
 
 use std::process::ExitCode;
@@ -105,6 +106,9 @@ enum Command {
         #[command(subcommand)]
         action: Option<ScopesAction>,
     },
+    /// idem-kafka's transactional outbox: the lag (the oldest unsent record), the relays,
+    /// the parked records; put a parked record back in line.
+    Outbox(outbox::OutboxArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -271,6 +275,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let out = output::Output { json: cli.json };
     match cli.command {
         Command::Migrate { action } => migrate(&idem, &out, action).await,
+        Command::Outbox(args) => outbox::run(&idem, &out, args).await,
         Command::Keys { action } => {
             admin::ensure_migrated(&idem).await?;
             keys(&idem, &out, action).await

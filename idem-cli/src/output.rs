@@ -27,7 +27,7 @@ pub struct Output {
 }
 
 /// Columns padded to their widest cell.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
@@ -100,7 +100,7 @@ fn short(text: &str, max: usize) -> String {
 }
 
 impl Output {
-    fn json(&self, value: &impl Serialize) {
+    pub(crate) fn json(&self, value: &impl Serialize) {
         outln!(
             "{}",
             serde_json::to_string_pretty(value)

@@ -63,6 +63,19 @@
 //! key([part(b"s", b"order-1"), part(b"s", b"paid")])  # 804192a5-97d2-8f62-9aa5-941e1b1f8c6f
 //! ```
 //!
+//! A record that a handler sends through an outbox (idem-kafka's `outbox::send`) carries
+//! its own key in the header `idem-key`, as the UUID's text: the key of the parts
+//! `"idem:outgoing"`, the handler's scope, the handled fact's key (a UUID part) and the
+//! record's name ([`CurrentDelivery::derived_key`](crate::CurrentDelivery::derived_key)).
+//! The same in Python, and read back from a record:
+//!
+//! ```text
+//! fact = key([part(b"s", b"order-1"), part(b"s", b"paid")])
+//! key([part(b"s", b"idem:outgoing"), part(b"s", b"billing::apply"), part(b"u", fact.bytes),
+//!      part(b"s", b"receipt")])                 # 1d505c2b-b185-8558-a667-85fa14342073
+//! idem_key = uuid.UUID(dict(message.headers())["idem-key"].decode())  # confluent-kafka
+//! ```
+//!
 //! An `Option` encodes as its value when it is `Some`. In a key, `None` is an error
 //! ([`KeyError::MissingValue`]), never a part: many messages without the field would
 //! otherwise share one key. A payload fingerprint (`fingerprint = "..."`, built with
