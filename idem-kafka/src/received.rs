@@ -3,7 +3,6 @@
 use uuid::Uuid;
 
 use crate::delivery::Delivery;
-use crate::handler::decode_json;
 use crate::outbox::KEY_HEADER;
 
 /// A message as [`Handler::decode_received`](crate::Handler::decode_received) sees it.
@@ -114,7 +113,8 @@ impl<T: serde::de::DeserializeOwned> Keyed<T> {
             .ok_or_else(|| "the message has no payload".to_owned())?;
         Ok(Keyed {
             idem_key,
-            message: decode_json(payload)?,
+            message: serde_json::from_slice(payload)
+                .map_err(|error| format!("the payload is not valid: {error}"))?,
         })
     }
 }

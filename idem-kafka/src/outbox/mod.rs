@@ -73,6 +73,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::schema::Schema;
+pub use crate::store::outbox::LOCK_CLASS;
 use crate::store::outbox::{Insert, insert_records, notify};
 
 pub use error::OutboxError;
@@ -90,10 +91,6 @@ pub const TRACE_HEADER: &str = "traceparent";
 /// key, and each is published by one relay at a time. Fixed: every release publishes
 /// and orders by the same shards.
 pub const SHARDS: i16 = 16;
-
-/// The advisory lock class (the first key of `pg_advisory_xact_lock(int, int)`) of the
-/// locks that [`send`] takes on a topic and Kafka key.
-pub const LOCK_CLASS: i32 = 0x1de0_0b0c;
 
 /// Writes `record` into the outbox in `tx`, the transaction of the handler whose body
 /// calls it; returns the record's idempotency key. The record is published after `tx`

@@ -6,8 +6,11 @@ use std::time::Duration;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-use crate::outbox::LOCK_CLASS;
 use crate::schema::Schema;
+
+/// The advisory lock class (the first key of `pg_advisory_xact_lock(int, int)`) of the
+/// locks that [`send`](crate::outbox::send) takes on a topic and Kafka key.
+pub const LOCK_CLASS: i32 = 0x1de0_0b0c;
 
 fn outbox_table(schema: &Schema) -> String {
     format!("{}.kafka_outbox", schema.as_str())
