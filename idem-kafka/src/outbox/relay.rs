@@ -349,22 +349,31 @@ impl Relay {
         .await
     }
 
+    /// One round over the held shards: what waits in each (a batch per shard, one
+    /// query), produced all at once, then each shard's acknowledgements awaited in order
+    /// and marked.
     async fn round(&self, held: &[i16], renewed: Instant) -> Result<Round, sqlx::Error> {
-        let mut more = false;
-        for &shard in held {
-            // A lease about to run out may already be another relay's: publish nothing
-            // from it until it is renewed.
-            if renewed.elapsed() >= self.settings.lease / 2 {
-                return Ok(Round { more: true });
-            }
-            let limit = self.settings.batch as i64;
-            let pending = self
-                .alone(async |conn, schema| store::pending(conn, schema, shard, limit).await)
-                .await?;
-            if pending.len() == self.settings.batch {
-                more = true;
-            }
-            self.publish(shard, pending).await?;
+        // A lease about to run out may already be another relay's: publish nothing from
+        // it until it is renewed.
+        if renewed.elapsed() >= self.settings.lease / 2 {
+            return Ok(Round { more: true });
+        }
+        if held.is_empty() {
+            return Ok(Round { more: false });
+        }
+        let limit = self.settings.batch as i64;
+        let pending = self
+            .alone(async |conn, schema| store::pending(conn, schema, held, limit).await)
+            .await?;
+        let more = pending
+            .iter()
+            .any(|(_, records)| records.len() == self.settings.batch);
+        let produced: Vec<(i16, Produced)> = pending
+            .into_iter()
+            .map(|(shard, records)| (shard, self.produce(records)))
+            .collect();
+        for (shard, produced) in produced {
+            self.settle(shard, produced).await?;
             if self.died.load(Ordering::SeqCst) {
                 return Ok(Round { more: false });
             }
@@ -379,11 +388,8 @@ impl Relay {
         Ok(Round { more })
     }
 
-    /// Publishes `pending` (one shard's, in order) and marks what the broker acknowledged.
-    async fn publish(&self, shard: i16, pending: Vec<Pending>) -> Result<(), sqlx::Error> {
-        if pending.is_empty() {
-            return Ok(());
-        }
+    /// Hands one shard's records (in order) to the producer.
+    fn produce(&self, pending: Vec<Pending>) -> Produced {
         let mut deliveries = Vec::with_capacity(pending.len());
         for record in &pending {
             let key_text = record.idem_key.to_string();
@@ -413,6 +419,19 @@ impl Relay {
                 Err((error, _)) => Err(error),
             });
         }
+        Produced {
+            pending,
+            deliveries,
+        }
+    }
+
+    /// Awaits one shard's acknowledgements, in order, and marks what the broker took;
+    /// records the failures (parking what can never go).
+    async fn settle(&self, shard: i16, produced: Produced) -> Result<(), sqlx::Error> {
+        let Produced {
+            pending,
+            deliveries,
+        } = produced;
         let mut sent = Vec::new();
         // After a failure that is tried again, the later records of the same topic and
         // key wait too, so that they never overtake it.
@@ -467,6 +486,12 @@ impl Relay {
         metrics::counter!("idem_outbox_published_total").increment(marked);
         Ok(())
     }
+}
+
+/// One shard's records handed to the producer, with their acknowledgements to come.
+struct Produced {
+    pending: Vec<Pending>,
+    deliveries: Vec<Result<rdkafka::producer::DeliveryFuture, KafkaError>>,
 }
 
 /// Whether the broker refuses `error`'s record whatever the number of tries.

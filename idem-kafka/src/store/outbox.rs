@@ -161,41 +161,51 @@ pub(crate) async fn release_shards(
     Ok(())
 }
 
-/// The next unsent, unparked records of `shard`, in order.
+/// The next unsent, unparked records of each of `shards` (at most `limit` each), in
+/// order, in one query; shards with nothing waiting are left out.
 pub(crate) async fn pending(
     conn: &mut PgConnection,
     schema: &Schema,
-    shard: i16,
+    shards: &[i16],
     limit: i64,
-) -> Result<Vec<Pending>, sqlx::Error> {
+) -> Result<Vec<(i16, Vec<Pending>)>, sqlx::Error> {
     let table = outbox_table(schema);
     let rows = sqlx::query(&format!(
-        "SELECT id, topic, kafka_partition, record_key, payload, header_names, header_values, \
-                idem_key, attempts \
-         FROM {table} WHERE shard = $1 AND sent_at IS NULL AND parked_at IS NULL \
-         ORDER BY id LIMIT $2"
+        "SELECT s.shard, p.* FROM unnest($1::smallint[]) AS s(shard) \
+         CROSS JOIN LATERAL ( \
+             SELECT id, topic, kafka_partition, record_key, payload, header_names, \
+                    header_values, idem_key, attempts \
+             FROM {table} AS o \
+             WHERE o.shard = s.shard AND o.sent_at IS NULL AND o.parked_at IS NULL \
+             ORDER BY o.id LIMIT $2) AS p \
+         ORDER BY s.shard, p.id"
     ))
-    .bind(shard)
+    .bind(shards)
     .bind(limit)
     .persistent(schema.prepared())
     .fetch_all(&mut *conn)
     .await?;
-    rows.iter()
-        .map(|row| {
-            let names: Vec<String> = row.try_get("header_names")?;
-            let values: Vec<Vec<u8>> = row.try_get("header_values")?;
-            Ok(Pending {
-                id: row.try_get("id")?,
-                topic: row.try_get("topic")?,
-                partition: row.try_get("kafka_partition")?,
-                key: row.try_get("record_key")?,
-                payload: row.try_get("payload")?,
-                headers: names.into_iter().zip(values).collect(),
-                idem_key: row.try_get("idem_key")?,
-                attempts: row.try_get("attempts")?,
-            })
-        })
-        .collect()
+    let mut by_shard: Vec<(i16, Vec<Pending>)> = Vec::new();
+    for row in &rows {
+        let shard: i16 = row.try_get("shard")?;
+        let names: Vec<String> = row.try_get("header_names")?;
+        let values: Vec<Vec<u8>> = row.try_get("header_values")?;
+        let record = Pending {
+            id: row.try_get("id")?,
+            topic: row.try_get("topic")?,
+            partition: row.try_get("kafka_partition")?,
+            key: row.try_get("record_key")?,
+            payload: row.try_get("payload")?,
+            headers: names.into_iter().zip(values).collect(),
+            idem_key: row.try_get("idem_key")?,
+            attempts: row.try_get("attempts")?,
+        };
+        match by_shard.last_mut() {
+            Some((last, records)) if *last == shard => records.push(record),
+            _ => by_shard.push((shard, vec![record])),
+        }
+    }
+    Ok(by_shard)
 }
 
 /// Marks records sent, if this relay still holds their shard; returns how many.
