@@ -969,3 +969,76 @@ async fn shipments_keys(pool: &PgPool) -> i64 {
         .await
         .unwrap()
 }
+
+#[sqlx::test(migrations = false)]
+async fn outbox_shows_the_lag_lists_parked_records_and_puts_one_back(pool: PgPool) {
+    let url = url(&pool, None);
+    // No outbox yet: said so, exit code 5.
+    let missing = idem(&url, &["outbox"]);
+    assert_eq!(missing.code, 5, "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("has no outbox"),
+        "{}",
+        missing.stderr
+    );
+
+    let idem_handle = Idem::new(pool.clone());
+    idem_handle.migrate().await.unwrap();
+    let schema = idem_kafka::Schema::for_idem(&idem_handle);
+    idem_kafka::migrate(&idem_handle, &schema).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let records = (0..3).map(|n| {
+        idem_kafka::outbox::Record::to("receipts")
+            .idempotency_key(uuid::Uuid::from_u128(n + 1))
+            .key(format!("order-{n}"))
+            .payload("{}")
+    });
+    idem_kafka::outbox::send_all_in(&schema, &mut tx, records)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // One record set aside as the relay does it.
+    sqlx::query(
+        "UPDATE idem_kafka.kafka_outbox SET parked_at = now(), attempts = 1, \
+         last_error = 'Message production error: MessageSizeTooLarge' \
+         WHERE idem_key = '00000000-0000-0000-0000-000000000001'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let status = ok(idem(&url, &["outbox"]));
+    assert!(
+        status.stdout.contains("2 unsent") && status.stdout.contains("1 parked"),
+        "{}",
+        status.stdout
+    );
+    let json: Value = serde_json::from_str(&ok(idem(&url, &["--json", "outbox"])).stdout).unwrap();
+    assert_eq!(json["unsent"], 2);
+    assert_eq!(json["parked"], 1);
+    assert!(json["oldest_unsent_seconds"].as_f64().unwrap() >= 0.0);
+
+    let parked = ok(idem(&url, &["--json", "outbox", "parked"]));
+    let parked: Value = serde_json::from_str(&parked.stdout).unwrap();
+    let id = parked["parked"][0]["id"].as_i64().unwrap();
+    assert_eq!(
+        parked["parked"][0]["idem_key"],
+        "00000000-0000-0000-0000-000000000001"
+    );
+    assert!(
+        ok(idem(&url, &["outbox", "parked"]))
+            .stdout
+            .contains("MessageSizeTooLarge")
+    );
+
+    let unknown = idem(&url, &["outbox", "retry", "999999"]);
+    assert_eq!(unknown.code, 6, "{}", unknown.stderr);
+    assert_eq!(idem(&url, &["outbox", "retry"]).code, 2);
+    let retried = ok(idem(&url, &["outbox", "retry", &id.to_string()]));
+    assert!(retried.stdout.contains("1 record(s)"), "{}", retried.stdout);
+    let json: Value = serde_json::from_str(&ok(idem(&url, &["--json", "outbox"])).stdout).unwrap();
+    assert_eq!(
+        (json["unsent"].clone(), json["parked"].clone()),
+        (3.into(), 0.into())
+    );
+}

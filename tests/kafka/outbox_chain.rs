@@ -453,5 +453,47 @@ async fn a_rolled_back_body_publishes_nothing_and_a_dead_record_is_parked_alone(
         "a parked record stays parked"
     );
     assert_eq!(relay.stats().parked(), 2);
+
+    // Headers of several records in one statement stay with their records, in order.
+    let mut tx = pool.begin().await.unwrap();
+    let with = |n: u128, headers: &[(&str, &[u8])]| {
+        headers.iter().fold(
+            Record::to(topic)
+                .idempotency_key(uuid::Uuid::from_u128(n))
+                .payload("h"),
+            |record, (name, value)| record.header(*name, value),
+        )
+    };
+    outbox::send_all_in(
+        &schema,
+        &mut tx,
+        [
+            with(11, &[("a", b"1")]),
+            with(12, &[]),
+            with(13, &[("b", b"\0\xff"), ("c", b"")]),
+        ],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let headers: Vec<(Vec<String>, Vec<Vec<u8>>)> = sqlx::query_as(
+        "SELECT header_names, header_values FROM idem_kafka.kafka_outbox \
+         WHERE idem_key IN ('00000000-0000-0000-0000-00000000000b', '00000000-0000-0000-0000-00000000000c', \
+                            '00000000-0000-0000-0000-00000000000d') ORDER BY idem_key",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        headers,
+        vec![
+            (vec!["a".to_owned()], vec![b"1".to_vec()]),
+            (vec![], vec![]),
+            (
+                vec!["b".to_owned(), "c".to_owned()],
+                vec![b"\0\xff".to_vec(), Vec::new()]
+            ),
+        ]
+    );
     harness.finish().await;
 }

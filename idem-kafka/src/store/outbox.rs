@@ -45,30 +45,29 @@ pub(crate) async fn insert_records(
     rows: &[Insert],
 ) -> Result<(), sqlx::Error> {
     let table = outbox_table(schema);
-    // Headers travel as one JSON document per record: arrays of arrays do not bind.
-    let headers: Vec<serde_json::Value> = rows
-        .iter()
-        .map(|row| {
-            serde_json::Value::Array(
-                row.header_names
-                    .iter()
-                    .zip(&row.header_values)
-                    .map(|(name, value)| serde_json::json!([name, hex(value)]))
-                    .collect(),
-            )
-        })
-        .collect();
+    // Headers travel flat, all records' in two arrays, with each record's first index and
+    // count: arrays of arrays of different lengths do not bind.
+    let mut names: Vec<&str> = Vec::new();
+    let mut values: Vec<&[u8]> = Vec::new();
+    let mut firsts: Vec<i32> = Vec::with_capacity(rows.len());
+    let mut counts: Vec<i32> = Vec::with_capacity(rows.len());
+    for row in rows {
+        firsts.push(i32::try_from(names.len() + 1).unwrap_or(i32::MAX));
+        counts.push(i32::try_from(row.header_names.len()).unwrap_or(i32::MAX));
+        names.extend(row.header_names.iter().map(String::as_str));
+        values.extend(row.header_values.iter().map(Vec::as_slice));
+    }
     sqlx::query(&format!(
         "INSERT INTO {table} (shard, topic, kafka_partition, record_key, payload, header_names, \
                               header_values, idem_key) \
          SELECT r.shard, r.topic, r.kafka_partition, r.record_key, r.payload, \
-                ARRAY(SELECT h->>0 FROM json_array_elements(r.headers) WITH ORDINALITY AS e(h, n) ORDER BY n), \
-                ARRAY(SELECT decode(h->>1, 'hex') FROM json_array_elements(r.headers) WITH ORDINALITY AS e(h, n) ORDER BY n), \
+                coalesce(($9::text[])[r.first:r.first + r.count - 1], '{{}}'), \
+                coalesce(($10::bytea[])[r.first:r.first + r.count - 1], '{{}}'), \
                 r.idem_key \
          FROM (SELECT u.*, pg_advisory_xact_lock({LOCK_CLASS}, u.lock) AS locked \
                FROM unnest($1::smallint[], $2::int[], $3::text[], $4::int[], $5::bytea[], $6::bytea[], \
-                           $7::json[], $8::uuid[]) WITH ORDINALITY \
-                    AS u(shard, lock, topic, kafka_partition, record_key, payload, headers, idem_key, n) \
+                           $7::int[], $8::int[], $11::uuid[]) WITH ORDINALITY \
+                    AS u(shard, lock, topic, kafka_partition, record_key, payload, first, count, idem_key, n) \
                ORDER BY u.lock, u.n) AS r"
     ))
     .bind(rows.iter().map(|row| row.shard).collect::<Vec<_>>())
@@ -77,22 +76,15 @@ pub(crate) async fn insert_records(
     .bind(rows.iter().map(|row| row.partition).collect::<Vec<_>>())
     .bind(rows.iter().map(|row| row.key.as_deref()).collect::<Vec<_>>())
     .bind(rows.iter().map(|row| row.payload.as_deref()).collect::<Vec<_>>())
-    .bind(headers)
+    .bind(firsts)
+    .bind(counts)
+    .bind(names)
+    .bind(values)
     .bind(rows.iter().map(|row| row.idem_key).collect::<Vec<_>>())
     .persistent(schema.prepared())
     .execute(&mut *tx)
     .await?;
     Ok(())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut text, byte| {
-            let _ = write!(text, "{byte:02x}");
-            text
-        })
 }
 
 /// A record as the relay publishes it.
