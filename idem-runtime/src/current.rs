@@ -16,6 +16,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use uuid::Uuid;
@@ -36,6 +37,8 @@ pub struct CurrentDelivery {
     keys: Keys,
     /// Per message, how many unnamed things the body derived keys for so far.
     unnamed: Arc<[AtomicU32]>,
+    /// What the body left for its commit's round trip.
+    at_commit: Arc<Mutex<Vec<String>>>,
 }
 
 #[derive(Debug, Clone)]
@@ -92,12 +95,40 @@ impl CurrentDelivery {
         Some(self.unnamed.get(message)?.fetch_add(1, Ordering::Relaxed))
     }
 
+    /// Leaves `statement` for the delivery's commit: it is sent in the commit's round
+    /// trip, in the body's transaction, after the check that the transaction is intact and
+    /// before `COMMIT`, and only if the body returned `Ok`; a failed or retried run drops
+    /// it. It is one statement of a simple query (PostgreSQL's simple protocol): no
+    /// parameters, every value written into its text in a form that cannot be read as
+    /// SQL (idem-kafka's outbox hex-encodes them). Its failure fails the commit, as the
+    /// body's own statements would.
+    ///
+    /// A write that needs nothing back saves its round trip so: idem-kafka's outbox
+    /// writes its records this way.
+    pub fn write_at_commit(&self, statement: String) {
+        self.at_commit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(statement);
+    }
+
+    /// What the body left for its commit, in order; empties the list.
+    pub(crate) fn take_at_commit(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .at_commit
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
     pub(crate) fn one(idem: &Idem, scope: &'static str, key: IdempotencyKey) -> Self {
         CurrentDelivery {
             idem: idem.clone(),
             scope,
             keys: Keys::One(key),
             unnamed: Arc::new([AtomicU32::new(0)]),
+            at_commit: Arc::default(),
         }
     }
 
@@ -107,6 +138,7 @@ impl CurrentDelivery {
             scope,
             unnamed: keys.iter().map(|_| AtomicU32::new(0)).collect(),
             keys: Keys::Many(keys.into()),
+            at_commit: Arc::default(),
         }
     }
 

@@ -497,3 +497,86 @@ async fn a_rolled_back_body_publishes_nothing_and_a_dead_record_is_parked_alone(
     );
     harness.finish().await;
 }
+
+#[idempotent(key = "fact_id", scope = "chain.batch_each", batch = true)]
+async fn send_each(tx: &mut PgConnection, fact: &Fact) -> Result<(), sqlx::Error> {
+    outbox::send(
+        tx,
+        Record::to("batch-topic")
+            .name("each")
+            .key(&fact.account)
+            .payload("e"),
+    )
+    .await?;
+    Ok(())
+}
+
+#[idempotent(key = "fact_id", scope = "chain.batch_once")]
+async fn send_once(tx: &mut PgConnection, facts: &[&Fact]) -> Result<(), sqlx::Error> {
+    let records = facts.iter().enumerate().map(|(index, fact)| {
+        Record::to("batch-topic")
+            .name("once")
+            .for_message(index)
+            .key(&fact.account)
+            .payload("o")
+    });
+    outbox::send_all(tx, records).await?;
+    Ok(())
+}
+
+/// The key documented for an outgoing record: the parts "idem:outgoing", the scope, the
+/// fact's key and the record's name.
+fn documented_key(scope: &str, fact_id: &str, name: &str) -> uuid::Uuid {
+    let fact = idem_runtime::key::key_of(&[&fact_id]).unwrap().as_uuid();
+    idem_runtime::key::key_of(&[&"idem:outgoing", &scope, &fact, &name])
+        .unwrap()
+        .as_uuid()
+}
+
+#[sqlx::test(migrations = false)]
+async fn batch_bodies_send_each_fact_s_records_under_its_own_key(pool: PgPool) {
+    let idem = Idem::new(pool.clone());
+    idem.migrate().await.unwrap();
+    idem_kafka::migrate(&idem, &idem_kafka::Schema::for_idem(&idem))
+        .await
+        .unwrap();
+    let facts: Vec<Fact> = (0..5).map(fact).collect();
+    let keys = || async {
+        sqlx::query_scalar::<_, uuid::Uuid>(
+            "SELECT idem_key FROM idem_kafka.kafka_outbox ORDER BY id",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+
+    // batch = true: the body once per message, in one transaction; then the same facts
+    // again, duplicates that send nothing.
+    for _ in 0..2 {
+        for outcome in send_each_batch(&idem, &facts).await {
+            outcome.unwrap();
+        }
+    }
+    let expected: Vec<_> = facts
+        .iter()
+        .map(|fact| documented_key("chain.batch_each", &fact.fact_id, "each"))
+        .collect();
+    assert_eq!(keys().await, expected);
+
+    // A batch handler: one body for the slice, each record following from its message.
+    sqlx::query("TRUNCATE idem_kafka.kafka_outbox")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for outcome in send_once(&idem, &facts).await {
+        outcome.unwrap();
+    }
+    let mut got = keys().await;
+    got.sort();
+    let mut expected: Vec<_> = facts
+        .iter()
+        .map(|fact| documented_key("chain.batch_once", &fact.fact_id, "once"))
+        .collect();
+    expected.sort();
+    assert_eq!(got, expected);
+}

@@ -46,9 +46,10 @@
 //! # Order
 //!
 //! Records of one topic and Kafka key are published in the order their transactions
-//! committed: [`send`] takes a transaction-scoped lock on the topic and key (advisory lock
-//! class [`LOCK_CLASS`]) before the record is numbered, so a second transaction sending for
-//! the same key waits for the first to end, and a record's number follows the commits. All
+//! committed: the write of a record takes a transaction-scoped lock on the topic and key
+//! (advisory lock class [`LOCK_CLASS`]) before the record is numbered, so a second
+//! transaction sending for the same key waits at its commit for the first to end, and a
+//! record's number follows the commits. All
 //! records of a topic and key are in one of the outbox's [`SHARDS`] shards, and one relay
 //! at a time publishes a shard, in that order (see [`Relay`]).
 //!
@@ -74,7 +75,7 @@ use uuid::Uuid;
 
 use crate::schema::Schema;
 pub use crate::store::outbox::LOCK_CLASS;
-use crate::store::outbox::{Insert, insert_records, notify};
+use crate::store::outbox::{Insert, insert_records, insert_statement, notify};
 
 pub use error::OutboxError;
 pub use record::Record;
@@ -95,6 +96,11 @@ pub const SHARDS: i16 = 16;
 /// Writes `record` into the outbox in `tx`, the transaction of the handler whose body
 /// calls it; returns the record's idempotency key. The record is published after `tx`
 /// commits, and never if it rolls back.
+///
+/// In a handler's body the row is written by the body's commit, in the same round trip
+/// (after the body's effects, before `COMMIT`), so that sending costs no round trip of
+/// its own: a body that fails, or a savepoint it rolls back, does not write it. Outside a
+/// body it is written in `tx` at once.
 ///
 /// The outbox is in the adapter's default schema for the handle the body runs on
 /// (`<idem's schema>_kafka`); [`send_all_in`] takes another.
@@ -146,13 +152,23 @@ async fn send_with(
         return Ok(Vec::new());
     }
     let keys = rows.iter().map(|row| row.idem_key).collect();
-    insert_records(tx, schema, &rows)
-        .await
-        .map_err(OutboxError::Database)?;
-    if wake_relays_now() {
-        notify(tx, schema, &relay::channel(schema))
-            .await
-            .map_err(OutboxError::Database)?;
+    let wake = wake_relays_now();
+    match current {
+        // In a handler's body: written in its commit's round trip, after its effects.
+        Some(current) => {
+            let channel = wake.then(|| relay::channel(schema));
+            current.write_at_commit(insert_statement(schema, &rows, channel.as_deref()));
+        }
+        _ => {
+            insert_records(tx, schema, &rows)
+                .await
+                .map_err(OutboxError::Database)?;
+            if wake {
+                notify(tx, schema, &relay::channel(schema))
+                    .await
+                    .map_err(OutboxError::Database)?;
+            }
+        }
     }
     metrics::counter!("idem_outbox_written_total").increment(rows.len() as u64);
     Ok(keys)

@@ -87,6 +87,81 @@ pub(crate) async fn insert_records(
     Ok(())
 }
 
+/// [`insert_records`] as the text of one statement with every value written in, for the
+/// commit's round trip of the delivery whose body sent the records
+/// ([`CurrentDelivery::write_at_commit`](idem_runtime::CurrentDelivery::write_at_commit)).
+/// Text and bytes are written as hexadecimal digits, numbers from their digits, UUIDs
+/// from their canonical text: no value can be read as SQL. The notification for the
+/// relays follows in the same statement when `channel` is given.
+pub(crate) fn insert_statement(schema: &Schema, rows: &[Insert], channel: Option<&str>) -> String {
+    use std::fmt::Write as _;
+    let table = outbox_table(schema);
+    let bytes = |value: Option<&[u8]>| match value {
+        Some(value) => format!("'\\x{}'::bytea", hex(value)),
+        None => "NULL::bytea".to_owned(),
+    };
+    let text = |value: &str| {
+        format!(
+            "convert_from('\\x{}'::bytea, 'UTF8')",
+            hex(value.as_bytes())
+        )
+    };
+    let mut values = String::new();
+    for (n, row) in rows.iter().enumerate() {
+        let names: Vec<String> = row.header_names.iter().map(|name| text(name)).collect();
+        let header_values: Vec<String> = row
+            .header_values
+            .iter()
+            .map(|value| bytes(Some(value)))
+            .collect();
+        let _ = write!(
+            values,
+            "{comma}({n}, {shard}::smallint, {lock}, {topic}, {partition}, {key}, {payload}, \
+             ARRAY[{names}]::text[], ARRAY[{header_values}]::bytea[], '{idem_key}'::uuid)",
+            comma = if n == 0 { "" } else { ", " },
+            shard = row.shard,
+            lock = row.lock,
+            topic = text(&row.topic),
+            partition = row
+                .partition
+                .map_or("NULL::int".to_owned(), |p| format!("{p}::int")),
+            key = bytes(row.key.as_deref()),
+            payload = bytes(row.payload.as_deref()),
+            names = names.join(", "),
+            header_values = header_values.join(", "),
+            idem_key = row.idem_key,
+        );
+    }
+    let insert = format!(
+        "INSERT INTO {table} (shard, topic, kafka_partition, record_key, payload, header_names, \
+                              header_values, idem_key) \
+         SELECT r.shard, r.topic, r.kafka_partition, r.record_key, r.payload, r.header_names, \
+                r.header_values, r.idem_key \
+         FROM (SELECT u.*, pg_advisory_xact_lock({LOCK_CLASS}, u.lock) AS locked \
+               FROM (VALUES {values}) AS u(n, shard, lock, topic, kafka_partition, record_key, payload, \
+                                           header_names, header_values, idem_key) \
+               ORDER BY u.lock, u.n) AS r"
+    );
+    match channel {
+        None => insert,
+        Some(channel) => format!(
+            "WITH written AS ({insert} RETURNING 1) \
+             SELECT pg_notify({}, '') FROM (SELECT FROM written LIMIT 1) AS w",
+            text(channel)
+        ),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut text, byte| {
+            let _ = write!(text, "{byte:02x}");
+            text
+        })
+}
+
 /// A record as the relay publishes it.
 #[derive(Debug, Clone)]
 pub(crate) struct Pending {

@@ -156,14 +156,20 @@ pub(super) enum Fallback {
 
 /// Commits the batch transaction `xid`, with the check of
 /// [`Statements::commit`](crate::store::Statements::commit) in the same round trip.
-pub(super) async fn commit(idem: &Idem, tx: KeyTransaction, xid: i64) -> Result<(), Fallback> {
+/// `at_commit`: what the bodies left for the commit's round trip.
+pub(super) async fn commit(
+    idem: &Idem,
+    tx: KeyTransaction,
+    xid: i64,
+    at_commit: &[String],
+) -> Result<(), Fallback> {
     // Tests only: a connection lost before the batch's commit (a no-op without the
     // feature `testing`).
     if let Some(lost) = faults::before_commit(idem.faults()) {
         let _ = tx.rollback().await;
         return Err(Fallback::Database(lost));
     }
-    match tx.commit(idem.statements().commit_only()).await {
+    match tx.commit(&idem.statements().commit_only(at_commit)).await {
         Ok(()) => Ok(()),
         Err(error) if transactional::ended_by_body(&error) => {
             Err(Fallback::TransactionEnded { xid })
@@ -194,9 +200,11 @@ where
     let mut stored_keys = Vec::new();
     let mut stored_results = Vec::new();
     let mut values = Vec::with_capacity(owned.len());
+    let mut at_commit = Vec::new();
     for index in owned {
         let current = CurrentDelivery::one(idem, spec.scope, keyed(index).0);
-        let (returned, result) = current.run(body(tx, &messages[index])).await;
+        let (returned, result) = current.clone().run(body(tx, &messages[index])).await;
+        at_commit.extend(current.take_at_commit());
         tx = returned;
         let Ok(value) = result else {
             return Err(Fallback::HandlerFailed);
@@ -218,7 +226,7 @@ where
     }
     // A body that swallowed a failed statement left the transaction aborted, or ended it
     // itself: the check fails then, where a bare COMMIT would lose the claims silently.
-    commit(idem, tx, xid).await?;
+    commit(idem, tx, xid, &at_commit).await?;
     Ok(values
         .into_iter()
         .map(|(index, value)| (index, Ok(Outcome::Executed(value))))
@@ -245,15 +253,14 @@ where
     let slice = owned.iter().map(|&index| &messages[index]).collect();
     let keys = owned.iter().map(|&index| keyed(index).0).collect();
     let running = Timer::start();
-    let (tx, result) = CurrentDelivery::many(idem, scope, keys)
-        .run(body(tx, slice))
-        .await;
+    let current = CurrentDelivery::many(idem, scope, keys);
+    let (tx, result) = current.clone().run(body(tx, slice)).await;
     running.handler(scope, Mode::Batch);
     if result.is_err() {
         return Err(Fallback::HandlerFailed);
     }
     // As in `run_each`: an aborted or ended transaction fails the check.
-    commit(idem, tx, xid).await?;
+    commit(idem, tx, xid, &current.take_at_commit()).await?;
     Ok(owned
         .into_iter()
         .map(|index| (index, Ok(Outcome::Executed(()))))

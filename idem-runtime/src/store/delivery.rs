@@ -142,6 +142,17 @@ impl Sql {
     }
 }
 
+/// Statements ending each with `; `, to precede `COMMIT` in one simple query.
+fn joined(statements: &[String]) -> String {
+    statements
+        .iter()
+        .fold(String::new(), |mut text, statement| {
+            text.push_str(statement.trim_end().trim_end_matches(';'));
+            text.push_str("; ");
+            text
+        })
+}
+
 impl Statements {
     /// Claims `key` in the caller's transaction: inserts it, or answers
     /// [`Claim::Again`] when a row is in the way. A claim that wins sets the lock timeout
@@ -212,32 +223,43 @@ impl Statements {
     ///
     /// The result's values are inlined hex-encoded, so that no value can be read as SQL.
     /// The result is stored with `previous` too, the key under the previous definition
-    /// that the transaction claimed.
+    /// that the transaction claimed. `at_commit` are the statements that the body left
+    /// for its commit ([`CurrentDelivery::write_at_commit`](crate::CurrentDelivery::write_at_commit)),
+    /// sent after the check and before `COMMIT`.
     pub(crate) fn commit(
         &self,
         scope: &str,
         key: Uuid,
         previous: Option<Uuid>,
         result: Option<&serde_json::Value>,
+        at_commit: &[String],
     ) -> std::borrow::Cow<'_, str> {
         let previous = previous.map_or(String::new(), |previous| format!(", '{previous}'"));
         match result {
             Some(result) => std::borrow::Cow::Owned(format!(
                 "{check}; UPDATE {table} SET result = convert_from(decode('{result}', 'hex'), 'UTF8')::json \
                  WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key IN ('{key}'{previous}); \
-                 COMMIT",
+                 {at_commit}COMMIT",
                 check = self.delivery.check,
                 table = self.table,
                 result = hex::encode(result.to_string()),
                 scope = hex::encode(scope),
+                at_commit = joined(at_commit),
             )),
-            None => std::borrow::Cow::Borrowed(&self.delivery.commit_only),
+            None => self.commit_only(at_commit),
         }
     }
 
     /// [`commit`](Self::commit) without a result to store.
-    pub(crate) fn commit_only(&self) -> &str {
-        &self.delivery.commit_only
+    pub(crate) fn commit_only(&self, at_commit: &[String]) -> std::borrow::Cow<'_, str> {
+        if at_commit.is_empty() {
+            return std::borrow::Cow::Borrowed(&self.delivery.commit_only);
+        }
+        std::borrow::Cow::Owned(format!(
+            "{check}; {at_commit}COMMIT",
+            check = self.delivery.check,
+            at_commit = joined(at_commit),
+        ))
     }
 
     /// Records a failed attempt; returns the attempts and whether the key is now parked,

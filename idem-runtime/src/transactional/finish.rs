@@ -15,14 +15,17 @@ use crate::key_transaction::KeyTransaction;
 use crate::outcome::{Error, HandlerError, Outcome};
 
 impl Delivery<'_> {
-    /// Commits the transaction `xid` with the body's `value` stored for replay: the
-    /// business effects and the key's `success` become visible together.
+    /// Commits the transaction `xid` with the body's `value` stored for replay and what
+    /// the body left for the commit (`at_commit`): the business effects and the key's
+    /// `success` become visible together.
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn commit<T, E, C: ResultCodec<T>>(
         &self,
         tx: KeyTransaction,
         xid: i64,
         value: T,
         codec: &C,
+        at_commit: &[String],
         kill: &mut BackendKill,
         retries: &mut Retries,
     ) -> Step<Infallible, T, E> {
@@ -45,6 +48,7 @@ impl Delivery<'_> {
             key.as_uuid(),
             previous.map(|previous| previous.as_uuid()),
             stored.as_ref(),
+            at_commit,
         );
         // Tests only: a connection lost before the commit (a no-op without the feature
         // `testing`).

@@ -159,12 +159,13 @@ where
         let mut kill = BackendKill::at_claim(idem.faults(), idem.pool(), &mut tx).await;
         let running = Timer::start();
         let current = CurrentDelivery::one(idem, spec.scope, key);
-        let (tx, result) = kill.during_body(current.run(body(tx))).await;
+        let (tx, result) = kill.during_body(current.clone().run(body(tx))).await;
         running.handler(spec.scope, mode);
         let step = match result {
             Ok(value) => {
+                let at_commit = current.take_at_commit();
                 delivery
-                    .commit(tx, xid, value, &codec, &mut kill, &mut retries)
+                    .commit(tx, xid, value, &codec, &at_commit, &mut kill, &mut retries)
                     .await
             }
             Err(error) => delivery.fail(tx, error, &mut retries).await,
