@@ -115,24 +115,34 @@ async fn act(
                 summary.parked,
                 summary.sent
             );
-            let mut relays: Vec<(uuid::Uuid, Vec<i16>)> = Vec::new();
-            for (shard, owner, _) in &summary.relays {
-                match relays.iter_mut().find(|(relay, _)| relay == owner) {
-                    Some((_, shards)) => shards.push(*shard),
-                    None => relays.push((*owner, vec![*shard])),
+            // A relay whose lease ran out holds nothing: the next relay takes its shards.
+            let mut relays: Vec<(uuid::Uuid, bool, Vec<i16>)> = Vec::new();
+            for (shard, owner, left) in &summary.relays {
+                let live = !left.is_zero();
+                match relays
+                    .iter_mut()
+                    .find(|(relay, alive, _)| relay == owner && *alive == live)
+                {
+                    Some((_, _, shards)) => shards.push(*shard),
+                    None => relays.push((*owner, live, vec![*shard])),
                 }
             }
             let rows: Vec<Vec<String>> = relays
                 .iter()
-                .map(|(relay, shards)| {
+                .map(|(relay, live, shards)| {
                     let shards: Vec<String> = shards.iter().map(i16::to_string).collect();
-                    vec![relay.to_string(), shards.join(",")]
+                    let lease = if *live {
+                        "held"
+                    } else {
+                        "expired: free for the next relay"
+                    };
+                    vec![relay.to_string(), shards.join(","), lease.to_owned()]
                 })
                 .collect();
             if rows.is_empty() {
                 println!("no relay holds a shard");
             } else {
-                print!("{}", table(&["relay", "shards"], &rows));
+                print!("{}", table(&["relay", "shards", "lease"], &rows));
             }
             if summary.parked > 0 {
                 println!(

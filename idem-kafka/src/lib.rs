@@ -56,8 +56,9 @@
 //!
 //! # Tables
 //!
-//! [`Consumer::migrate`] (or [`migrate`]) creates the offset table `kafka_offsets` and the
-//! dead-letter table `kafka_dead_letters` in a schema of their own, `<idem's schema>_kafka`
+//! [`Consumer::migrate`] (or [`migrate`]) creates the offset table `kafka_offsets`, the
+//! dead-letter table `kafka_dead_letters` and the outbox (`kafka_outbox`, with its relays'
+//! leases in `kafka_outbox_relays`; see [`outbox`]) in a schema of their own, `<idem's schema>_kafka`
 //! (`idem_kafka` by default): the adapter issues no SQL against idem's tables, and asks
 //! idem's handle what it needs ([`Idem::done_keys`](idem_runtime::Idem::done_keys)).
 //! Read them through the crate, not by their names: [`dead_letters`] (what was set

@@ -52,10 +52,16 @@ impl<'a> Received<'a> {
         let value = self
             .header(KEY_HEADER)
             .ok_or_else(|| format!("the message has no {KEY_HEADER} header"))?;
-        std::str::from_utf8(value)
+        let key = std::str::from_utf8(value)
             .ok()
             .and_then(|text| Uuid::parse_str(text).ok())
-            .ok_or_else(|| format!("the {KEY_HEADER} header is not a UUID"))
+            .ok_or_else(|| format!("the {KEY_HEADER} header is not a UUID"))?;
+        if key.is_nil() {
+            return Err(format!(
+                "the {KEY_HEADER} header is the nil UUID, which no outbox derives"
+            ));
+        }
+        Ok(key)
     }
 }
 

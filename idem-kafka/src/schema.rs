@@ -9,8 +9,8 @@ use sqlx::migrate::Migrator;
 use crate::error::ConsumerError;
 
 /// The migrations of idem-kafka's tables (`migrations/` of the crate): the offset table
-/// `kafka_offsets` and the dead-letter table `kafka_dead_letters`, created in the current
-/// `search_path`. [`migrate`] applies them in the adapter's schema. Like idem-runtime's,
+/// `kafka_offsets`, the dead-letter table `kafka_dead_letters` and the outbox
+/// (`kafka_outbox`, `kafka_outbox_relays`), created in the current `search_path`. [`migrate`] applies them in the adapter's schema. Like idem-runtime's,
 /// they tolerate migrations newer than this release (a rolling upgrade, a rollback).
 pub static MIGRATOR: Migrator = Migrator {
     ignore_missing: true,

@@ -38,7 +38,17 @@ pub struct CurrentDelivery {
     /// Per message, how many unnamed things the body derived keys for so far.
     unnamed: Arc<[AtomicU32]>,
     /// What the body left for its commit's round trip.
-    at_commit: Arc<Mutex<Vec<String>>>,
+    at_commit: Arc<Mutex<Vec<Box<dyn AtCommit>>>>,
+}
+
+/// A write that a body leaves for its commit (see [`CurrentDelivery::at_commit`]): one
+/// value per type and delivery, which the body's calls add to, and which gives the
+/// commit one statement.
+pub trait AtCommit: std::any::Any + Send + std::fmt::Debug {
+    /// The statement to send in the commit's round trip, or `None` for nothing: one
+    /// statement of a simple query (PostgreSQL's simple protocol), with no parameters and
+    /// every value written into its text in a form that cannot be read as SQL.
+    fn statement(&self) -> Option<String>;
 }
 
 #[derive(Debug, Clone)]
@@ -95,31 +105,50 @@ impl CurrentDelivery {
         Some(self.unnamed.get(message)?.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Leaves `statement` for the delivery's commit: it is sent in the commit's round
-    /// trip, in the body's transaction, after the check that the transaction is intact and
-    /// before `COMMIT`, and only if the body returned `Ok`; a failed or retried run drops
-    /// it. It is one statement of a simple query (PostgreSQL's simple protocol): no
-    /// parameters, every value written into its text in a form that cannot be read as
-    /// SQL (idem-kafka's outbox hex-encodes them). Its failure fails the commit, as the
-    /// body's own statements would.
+    /// Adds to the write of type `W` that this delivery's commit sends: `add` changes
+    /// this delivery's `W` (made with `W::default()` on the first call). The commit sends
+    /// its [`statement`](AtCommit::statement) in its own round trip, in the body's
+    /// transaction, after the check that the transaction is intact and before `COMMIT`,
+    /// and only if the body returned `Ok`; a failed or retried run drops it. Its failure
+    /// fails the commit, as the body's own statements would.
     ///
-    /// A write that needs nothing back saves its round trip so: idem-kafka's outbox
-    /// writes its records this way.
-    pub fn write_at_commit(&self, statement: String) {
-        self.at_commit
+    /// A write that needs nothing back saves its round trip so, and all of one kind go in
+    /// one statement: idem-kafka's outbox writes the records of a body this way, in one
+    /// statement that takes its locks in one order.
+    pub fn at_commit<W: AtCommit + Default>(&self, add: impl FnOnce(&mut W)) {
+        let mut writes = self
+            .at_commit
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(statement);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let index = match writes
+            .iter()
+            .position(|write| (&**write as &dyn std::any::Any).is::<W>())
+        {
+            Some(index) => index,
+            None => {
+                writes.push(Box::new(W::default()));
+                writes.len() - 1
+            }
+        };
+        let write: &mut dyn std::any::Any = &mut *writes[index];
+        if let Some(write) = write.downcast_mut::<W>() {
+            add(write);
+        }
     }
 
-    /// What the body left for its commit, in order; empties the list.
+    /// The statements the body left for its commit, in the order of their first use;
+    /// empties the list.
     pub(crate) fn take_at_commit(&self) -> Vec<String> {
-        std::mem::take(
+        let writes = std::mem::take(
             &mut *self
                 .at_commit
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        );
+        writes
+            .iter()
+            .filter_map(|write| write.statement())
+            .collect()
     }
 
     pub(crate) fn one(idem: &Idem, scope: &'static str, key: IdempotencyKey) -> Self {

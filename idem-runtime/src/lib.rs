@@ -297,7 +297,7 @@ pub mod testing;
 mod transactional;
 
 pub use config::{Config, ConfigError, ErrorTexts, Pooler};
-pub use current::CurrentDelivery;
+pub use current::{AtCommit, CurrentDelivery};
 pub use error_text::{ErrorChain, storable_text_of};
 pub use handle::IdemBuilder;
 pub use idem_macros::{KeyPart, idempotent};

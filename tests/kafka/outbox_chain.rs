@@ -580,3 +580,59 @@ async fn batch_bodies_send_each_fact_s_records_under_its_own_key(pool: PgPool) {
     expected.sort();
     assert_eq!(got, expected);
 }
+
+/// Sends for two Kafka keys, in an order that depends on the fact, with a pause between.
+#[idempotent(key = "fact_id", scope = "chain.crossed")]
+async fn crossed(tx: &mut PgConnection, fact: &Fact) -> Result<(), sqlx::Error> {
+    let keys = if fact.seq % 2 == 0 {
+        ["hot-a", "hot-b"]
+    } else {
+        ["hot-b", "hot-a"]
+    };
+    for (n, key) in keys.into_iter().enumerate() {
+        outbox::send(
+            tx,
+            Record::to("crossed")
+                .name(format!("r{n}"))
+                .key(key)
+                .payload("x"),
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    Ok(())
+}
+
+#[sqlx::test(migrations = false)]
+async fn bodies_sending_for_the_same_keys_in_opposite_orders_never_deadlock(pool: PgPool) {
+    let idem = Idem::new(pool.clone());
+    idem.migrate().await.unwrap();
+    idem_kafka::migrate(&idem, &idem_kafka::Schema::for_idem(&idem))
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for task in 0..16 {
+        let idem = idem.clone();
+        tasks.push(tokio::spawn(async move {
+            for n in 0..10 {
+                let fact = fact(task * 10 + n);
+                let outcome = crossed(&idem, &fact).await;
+                assert!(outcome.is_ok(), "{}: {:?}", fact.fact_id, outcome.err());
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let rows = count(&pool, "SELECT count(*) FROM idem_kafka.kafka_outbox").await;
+    assert_eq!(rows, 320, "two records of each of 160 facts");
+    let (deadlocks,): (i64,) =
+        sqlx::query_as("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        deadlocks, 0,
+        "the records of a body take their locks in one order"
+    );
+}

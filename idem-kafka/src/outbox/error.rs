@@ -7,7 +7,7 @@ pub enum OutboxError {
     /// Called outside a transactional handler's body, for a record without a key of its
     /// own: there is no fact to derive its key from.
     #[error(
-        "outbox::send is called outside an #[idempotent] handler's body: give the record a key with Record::idempotency_key"
+        "outbox::send is called outside the body of a transactional #[idempotent] handler (a lease-mode body has no transaction to write it in): give the record a key with Record::idempotency_key"
     )]
     NoDelivery,
     /// The record cannot be published as described.

@@ -53,9 +53,9 @@
 //! records of a topic and key are in one of the outbox's [`SHARDS`] shards, and one relay
 //! at a time publishes a shard, in that order (see [`Relay`]).
 //!
-//! Two bodies that send for the same keys in opposite orders can deadlock; PostgreSQL
-//! detects it and idem runs the losing body again, as for any deadlock. One [`send_all`]
-//! takes its locks in one order.
+//! All the records of one body are written in one statement at its commit, which takes
+//! their locks in one order (by the lock's number): two bodies sending for the same keys
+//! in opposite orders wait for each other, and never deadlock on these locks.
 //!
 //! # Trace context
 //!
@@ -65,6 +65,7 @@
 //! span records as `trace_parent`.
 pub mod admin;
 mod error;
+mod pending;
 mod record;
 mod relay;
 mod trace;
@@ -75,7 +76,8 @@ use uuid::Uuid;
 
 use crate::schema::Schema;
 pub use crate::store::outbox::LOCK_CLASS;
-use crate::store::outbox::{Insert, insert_records, insert_statement, notify};
+use crate::store::outbox::{Insert, insert_records, notify};
+use pending::PendingRecords;
 
 pub use error::OutboxError;
 pub use record::Record;
@@ -103,7 +105,10 @@ pub const SHARDS: i16 = 16;
 /// body it is written in `tx` at once.
 ///
 /// The outbox is in the adapter's default schema for the handle the body runs on
-/// (`<idem's schema>_kafka`); [`send_all_in`] takes another.
+/// (`<idem's schema>_kafka`); [`send_all_in`] takes another. Outside a handler's body
+/// there is no handle to read it from, and [`send`] uses `idem_kafka`, the default
+/// handle's: a handle with another schema sends there with [`send_all_in`] and
+/// [`Schema::for_idem`].
 ///
 /// Fails with [`OutboxError::NoDelivery`] outside a transactional handler's body, unless
 /// the record has a key of its own ([`Record::idempotency_key`]).
@@ -153,11 +158,11 @@ async fn send_with(
     }
     let keys = rows.iter().map(|row| row.idem_key).collect();
     let wake = wake_relays_now();
+    let written = rows.len() as u64;
     match current {
         // In a handler's body: written in its commit's round trip, after its effects.
         Some(current) => {
-            let channel = wake.then(|| relay::channel(schema));
-            current.write_at_commit(insert_statement(schema, &rows, channel.as_deref()));
+            current.at_commit(|pending: &mut PendingRecords| pending.add(schema, rows, wake));
         }
         _ => {
             insert_records(tx, schema, &rows)
@@ -170,7 +175,7 @@ async fn send_with(
             }
         }
     }
-    metrics::counter!("idem_outbox_written_total").increment(rows.len() as u64);
+    metrics::counter!("idem_outbox_written_total").increment(written);
     Ok(keys)
 }
 
@@ -199,10 +204,21 @@ fn prepare(
     trace: Option<&TraceContext>,
     record: Record,
 ) -> Result<Insert, OutboxError> {
-    if record.topic.is_empty() || record.topic.len() > 249 {
+    let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if record.topic.is_empty() || record.topic.len() > 249 || !record.topic.chars().all(legal) {
         return Err(OutboxError::Invalid(format!(
-            "a topic name has 1 to 249 characters; got {:?}",
+            "a topic name has 1 to 249 characters of [a-zA-Z0-9._-]; got {:?}",
             record.topic
+        )));
+    }
+    if let Some(partition) = record.partition.filter(|partition| *partition < 0) {
+        return Err(OutboxError::Invalid(format!(
+            "a partition is 0 or above; got {partition}"
+        )));
+    }
+    if let Some((name, _)) = record.headers.iter().find(|(name, _)| name.contains('\0')) {
+        return Err(OutboxError::Invalid(format!(
+            "a header name cannot hold a NUL character; got {name:?}"
         )));
     }
     if let Some((name, _)) = record.headers.iter().find(|(name, _)| name == KEY_HEADER) {
@@ -282,6 +298,33 @@ fn shard_of(hash: u32) -> i16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_that_cannot_be_published_is_refused_when_sent() {
+        let keyed = |record: Record| record.idempotency_key(Uuid::from_u128(1));
+        let refused = |record: Record| match prepare(None, None, keyed(record)) {
+            Err(OutboxError::Invalid(why)) => why,
+            other => panic!("not refused: {other:?}"),
+        };
+        assert!(refused(Record::to("")).contains("1 to 249"));
+        assert!(refused(Record::to("bad topic!")).contains("[a-zA-Z0-9._-]"));
+        assert!(refused(Record::to("t\0")).contains("[a-zA-Z0-9._-]"));
+        assert!(refused(Record::to("t").partition(-1)).contains("0 or above"));
+        assert!(refused(Record::to("t").header("a\0b", "v")).contains("NUL"));
+        assert!(refused(Record::to("t").header(KEY_HEADER, "v")).contains("the outbox's own"));
+        assert!(
+            prepare(
+                None,
+                None,
+                keyed(Record::to("ok.topic_1-a").header("h", b"\0\xff"))
+            )
+            .is_ok()
+        );
+        assert!(matches!(
+            prepare(None, None, Record::to("t")),
+            Err(OutboxError::NoDelivery)
+        ));
+    }
 
     #[test]
     fn records_of_one_topic_and_key_share_a_shard_and_a_lock() {

@@ -24,7 +24,9 @@ use crate::store::outbox::{self as store, Pending};
 ///
 /// Each shard of the outbox is published by one relay at a time, which holds it with a
 /// lease on the database clock (renewed every third of [`lease`](RelayBuilder::lease));
-/// a relay that dies leaves its shards to the others once the lease ran out. Within a
+/// a relay that dies leaves its shards to the others once the lease ran out. Relays do
+/// not share the load: the first to start takes every free shard, and the others stand
+/// by until a lease runs out (or its relay stops and gives its shards up). Within a
 /// shard, records go out in their order, through an idempotent producer
 /// (`enable.idempotence`, which keeps the order of a partition through retries), and are
 /// marked sent only after the broker acknowledged them. A relay killed between the two
@@ -239,7 +241,8 @@ impl Relay {
     }
 
     /// Publishes until `shutdown` completes, then finishes the round in flight and gives
-    /// its shards up. Database and broker outages are waited out.
+    /// its shards up. Database and broker outages are waited out; an outbox whose tables
+    /// do not exist (`idem_kafka::migrate` has not run) ends it with the error.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> Result<(), ConsumerError> {
         tokio::pin!(shutdown);
         let mut listener = self.listen().await;
@@ -268,6 +271,10 @@ impl Relay {
                 Ok(_) => {
                     backoff = Duration::from_millis(50);
                     self.settings.poll.min(self.settings.lease / 3)
+                }
+                Err(error) if missing_outbox(&error) => {
+                    tracing::error!(%error, "the outbox's tables are missing: run the consumers' migrate (idem_kafka::migrate) first");
+                    return Err(ConsumerError::Database(error));
                 }
                 Err(error) => {
                     tracing::warn!(%error, "the outbox relay could not reach the database; trying again");
@@ -492,6 +499,11 @@ impl Relay {
 struct Produced {
     pending: Vec<Pending>,
     deliveries: Vec<Result<rdkafka::producer::DeliveryFuture, KafkaError>>,
+}
+
+/// Whether `error` says that the outbox's tables (or their schema) do not exist.
+fn missing_outbox(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("42P01" | "3F000")))
 }
 
 /// Whether the broker refuses `error`'s record whatever the number of tries.

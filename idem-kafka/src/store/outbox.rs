@@ -89,7 +89,7 @@ pub(crate) async fn insert_records(
 
 /// [`insert_records`] as the text of one statement with every value written in, for the
 /// commit's round trip of the delivery whose body sent the records
-/// ([`CurrentDelivery::write_at_commit`](idem_runtime::CurrentDelivery::write_at_commit)).
+/// ([`CurrentDelivery::at_commit`](idem_runtime::CurrentDelivery::at_commit)).
 /// Text and bytes are written as hexadecimal digits, numbers from their digits, UUIDs
 /// from their canonical text: no value can be read as SQL. The notification for the
 /// relays follows in the same statement when `channel` is given.

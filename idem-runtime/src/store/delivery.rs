@@ -224,7 +224,7 @@ impl Statements {
     /// The result's values are inlined hex-encoded, so that no value can be read as SQL.
     /// The result is stored with `previous` too, the key under the previous definition
     /// that the transaction claimed. `at_commit` are the statements that the body left
-    /// for its commit ([`CurrentDelivery::write_at_commit`](crate::CurrentDelivery::write_at_commit)),
+    /// for its commit ([`CurrentDelivery::at_commit`](crate::CurrentDelivery::at_commit)),
     /// sent after the check and before `COMMIT`.
     pub(crate) fn commit(
         &self,
