@@ -7,7 +7,7 @@ use crate::schema::Schema;
 use crate::store::outbox::{Insert, insert_statement};
 
 /// The records of one delivery's body, by outbox, in the order they were sent: written by
-/// the body's commit in one statement per outbox, which takes its locks in one order.
+/// the body's commit, one write per outbox that takes its locks first, in one order.
 #[derive(Debug, Default)]
 pub(crate) struct PendingRecords {
     outboxes: Vec<(Schema, Vec<Insert>, bool)>,

@@ -92,7 +92,7 @@ pub(crate) async fn insert_records(
 /// ([`CurrentDelivery::at_commit`](idem_runtime::CurrentDelivery::at_commit)).
 /// Text and bytes are written as hexadecimal digits, numbers from their digits, UUIDs
 /// from their canonical text: no value can be read as SQL. The notification for the
-/// relays follows in the same statement when `channel` is given.
+/// relays follows when `channel` is given. Several statements, for one simple query.
 pub(crate) fn insert_statement(schema: &Schema, rows: &[Insert], channel: Option<&str>) -> String {
     use std::fmt::Write as _;
     let table = outbox_table(schema);
@@ -106,8 +106,20 @@ pub(crate) fn insert_statement(schema: &Schema, rows: &[Insert], channel: Option
             hex(value.as_bytes())
         )
     };
+    // The locks first, in one order (a target list is evaluated left to right), then the
+    // rows numbered in that order: records of one topic and key keep the order they were
+    // sent in. Two plain statements: a commit plans them in microseconds.
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&index| (rows[index].lock, index));
+    let mut locks: Vec<i32> = order.iter().map(|&index| rows[index].lock).collect();
+    locks.dedup();
+    let locks: Vec<String> = locks
+        .iter()
+        .map(|lock| format!("pg_advisory_xact_lock({LOCK_CLASS}, {lock})"))
+        .collect();
     let mut values = String::new();
-    for (n, row) in rows.iter().enumerate() {
+    for (n, &index) in order.iter().enumerate() {
+        let row = &rows[index];
         let names: Vec<String> = row.header_names.iter().map(|name| text(name)).collect();
         let header_values: Vec<String> = row
             .header_values
@@ -116,15 +128,12 @@ pub(crate) fn insert_statement(schema: &Schema, rows: &[Insert], channel: Option
             .collect();
         let _ = write!(
             values,
-            "{comma}({n}, {shard}::smallint, {lock}, {topic}, {partition}, {key}, {payload}, \
-             ARRAY[{names}]::text[], ARRAY[{header_values}]::bytea[], '{idem_key}'::uuid)",
+            "{comma}({shard}, {topic}, {partition}, {key}, {payload}, \
+             ARRAY[{names}]::text[], ARRAY[{header_values}]::bytea[], '{idem_key}')",
             comma = if n == 0 { "" } else { ", " },
             shard = row.shard,
-            lock = row.lock,
             topic = text(&row.topic),
-            partition = row
-                .partition
-                .map_or("NULL::int".to_owned(), |p| format!("{p}::int")),
+            partition = row.partition.map_or("NULL".to_owned(), |p| p.to_string()),
             key = bytes(row.key.as_deref()),
             payload = bytes(row.payload.as_deref()),
             names = names.join(", "),
@@ -132,24 +141,16 @@ pub(crate) fn insert_statement(schema: &Schema, rows: &[Insert], channel: Option
             idem_key = row.idem_key,
         );
     }
-    let insert = format!(
-        "INSERT INTO {table} (shard, topic, kafka_partition, record_key, payload, header_names, \
-                              header_values, idem_key) \
-         SELECT r.shard, r.topic, r.kafka_partition, r.record_key, r.payload, r.header_names, \
-                r.header_values, r.idem_key \
-         FROM (SELECT u.*, pg_advisory_xact_lock({LOCK_CLASS}, u.lock) AS locked \
-               FROM (VALUES {values}) AS u(n, shard, lock, topic, kafka_partition, record_key, payload, \
-                                           header_names, header_values, idem_key) \
-               ORDER BY u.lock, u.n) AS r"
+    let mut statement = format!(
+        "SELECT {locks}; \
+         INSERT INTO {table} (shard, topic, kafka_partition, record_key, payload, header_names, \
+                              header_values, idem_key) VALUES {values}",
+        locks = locks.join(", "),
     );
-    match channel {
-        None => insert,
-        Some(channel) => format!(
-            "WITH written AS ({insert} RETURNING 1) \
-             SELECT pg_notify({}, '') FROM (SELECT FROM written LIMIT 1) AS w",
-            text(channel)
-        ),
+    if let Some(channel) = channel {
+        let _ = write!(statement, "; SELECT pg_notify({}, '')", text(channel));
     }
+    statement
 }
 
 fn hex(bytes: &[u8]) -> String {
