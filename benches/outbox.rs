@@ -19,7 +19,7 @@
 //!    key, payload and headers), each awaiting every acknowledgement: records per second.
 //!
 //! PostgreSQL at `DATABASE_URL` (database `idem_bench_outbox`, made again at the start);
-//! the broker at `KAFKA_BROKERS`, or the `tansu` that the tests start.
+//! the broker at `KAFKA_BROKERS`, or else a `tansu` of its own, thrown away at the end.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -317,10 +317,12 @@ async fn main() {
     idem_kafka::migrate(&idem, &idem_kafka::Schema::for_idem(&idem))
         .await
         .unwrap();
+    // A broker of its own unless one is named: the bench writes some 10^5 records, and
+    // tansu's storage slows down as it grows.
     let (_broker, brokers) = match std::env::var("KAFKA_BROKERS") {
         Ok(brokers) => (None, brokers),
         Err(_) => {
-            let broker = LocalBroker::ensure().unwrap_or_else(|error| panic!("{error}"));
+            let broker = LocalBroker::private().unwrap_or_else(|error| panic!("{error}"));
             let brokers = broker.brokers().to_owned();
             (Some(broker), brokers)
         }

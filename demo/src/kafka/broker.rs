@@ -75,6 +75,15 @@ impl LocalBroker {
         Self::start(&binary)
     }
 
+    /// A fresh `tansu` of its own (sqlite storage in a temporary directory, thrown away
+    /// with it) on a free loopback port: for a benchmark that writes many records, which
+    /// would slow the shared broker down for the tests that follow (its sqlite storage
+    /// grows with every record).
+    pub fn private() -> Result<Self, BrokerError> {
+        let binary = find_tansu().ok_or(BrokerError::NotInstalled)?;
+        Self::start(&binary)
+    }
+
     /// Starts `binary` on a free loopback port with its sqlite storage engine.
     fn start(binary: &Path) -> Result<Self, BrokerError> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
