@@ -76,7 +76,7 @@ use uuid::Uuid;
 
 use crate::schema::Schema;
 pub use crate::store::outbox::LOCK_CLASS;
-use crate::store::outbox::{Insert, insert_records, notify};
+use crate::store::outbox::{Insert, insert_now};
 use pending::PendingRecords;
 
 pub use error::OutboxError;
@@ -165,14 +165,10 @@ async fn send_with(
             current.at_commit(|pending: &mut PendingRecords| pending.add(schema, rows, wake));
         }
         _ => {
-            insert_records(tx, schema, &rows)
+            let channel = wake.then(|| relay::channel(schema));
+            insert_now(tx, schema, &rows, channel.as_deref())
                 .await
                 .map_err(OutboxError::Database)?;
-            if wake {
-                notify(tx, schema, &relay::channel(schema))
-                    .await
-                    .map_err(OutboxError::Database)?;
-            }
         }
     }
     metrics::counter!("idem_outbox_written_total").increment(written);

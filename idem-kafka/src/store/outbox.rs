@@ -20,7 +20,7 @@ fn relays_table(schema: &Schema) -> String {
     format!("{}.kafka_outbox_relays", schema.as_str())
 }
 
-/// A record's row, as [`insert_records`] writes it.
+/// A record's row, as [`insert_statement`] writes it.
 #[derive(Debug)]
 pub(crate) struct Insert {
     pub shard: i16,
@@ -35,60 +35,22 @@ pub(crate) struct Insert {
     pub idem_key: Uuid,
 }
 
-/// Writes `rows` in one statement, in the caller's transaction. Each row's lock is taken
-/// before the row is numbered, in the order of the locks (then of the rows), so that two
-/// transactions sending for one topic and key number their records in the order they
-/// end, and one statement never waits for itself in a cycle.
-pub(crate) async fn insert_records(
+/// Writes `rows` into `schema`'s outbox at once, in the caller's transaction (outside a
+/// handler's body), with the statements of [`insert_statement`]: the locks first, in one
+/// order, then the rows, then the relays' notification when `channel` is given.
+pub(crate) async fn insert_now(
     tx: &mut PgConnection,
     schema: &Schema,
     rows: &[Insert],
+    channel: Option<&str>,
 ) -> Result<(), sqlx::Error> {
-    let table = outbox_table(schema);
-    // Headers travel flat, all records' in two arrays, with each record's first index and
-    // count: arrays of arrays of different lengths do not bind.
-    let mut names: Vec<&str> = Vec::new();
-    let mut values: Vec<&[u8]> = Vec::new();
-    let mut firsts: Vec<i32> = Vec::with_capacity(rows.len());
-    let mut counts: Vec<i32> = Vec::with_capacity(rows.len());
-    for row in rows {
-        firsts.push(i32::try_from(names.len() + 1).unwrap_or(i32::MAX));
-        counts.push(i32::try_from(row.header_names.len()).unwrap_or(i32::MAX));
-        names.extend(row.header_names.iter().map(String::as_str));
-        values.extend(row.header_values.iter().map(Vec::as_slice));
-    }
-    sqlx::query(&format!(
-        "INSERT INTO {table} (shard, topic, kafka_partition, record_key, payload, header_names, \
-                              header_values, idem_key) \
-         SELECT r.shard, r.topic, r.kafka_partition, r.record_key, r.payload, \
-                coalesce(($9::text[])[r.first:r.first + r.count - 1], '{{}}'), \
-                coalesce(($10::bytea[])[r.first:r.first + r.count - 1], '{{}}'), \
-                r.idem_key \
-         FROM (SELECT u.*, pg_advisory_xact_lock({LOCK_CLASS}, u.lock) AS locked \
-               FROM unnest($1::smallint[], $2::int[], $3::text[], $4::int[], $5::bytea[], $6::bytea[], \
-                           $7::int[], $8::int[], $11::uuid[]) WITH ORDINALITY \
-                    AS u(shard, lock, topic, kafka_partition, record_key, payload, first, count, idem_key, n) \
-               ORDER BY u.lock, u.n) AS r"
-    ))
-    .bind(rows.iter().map(|row| row.shard).collect::<Vec<_>>())
-    .bind(rows.iter().map(|row| row.lock).collect::<Vec<_>>())
-    .bind(rows.iter().map(|row| row.topic.as_str()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|row| row.partition).collect::<Vec<_>>())
-    .bind(rows.iter().map(|row| row.key.as_deref()).collect::<Vec<_>>())
-    .bind(rows.iter().map(|row| row.payload.as_deref()).collect::<Vec<_>>())
-    .bind(firsts)
-    .bind(counts)
-    .bind(names)
-    .bind(values)
-    .bind(rows.iter().map(|row| row.idem_key).collect::<Vec<_>>())
-    .persistent(schema.prepared())
-    .execute(&mut *tx)
-    .await?;
+    let statement = insert_statement(schema, rows, channel);
+    sqlx::Executor::execute(&mut *tx, sqlx::raw_sql(&statement)).await?;
     Ok(())
 }
 
-/// [`insert_records`] as the text of one statement with every value written in, for the
-/// commit's round trip of the delivery whose body sent the records
+/// The statements that write `rows`, with every value written in: for the commit's round
+/// trip of the delivery whose body sent the records
 /// ([`CurrentDelivery::at_commit`](idem_runtime::CurrentDelivery::at_commit)).
 /// Text and bytes are written as hexadecimal digits, numbers from their digits, UUIDs
 /// from their canonical text: no value can be read as SQL. The notification for the
@@ -97,13 +59,13 @@ pub(crate) fn insert_statement(schema: &Schema, rows: &[Insert], channel: Option
     use std::fmt::Write as _;
     let table = outbox_table(schema);
     let bytes = |value: Option<&[u8]>| match value {
-        Some(value) => format!("'\\x{}'::bytea", hex(value)),
+        Some(value) => format!("'\\x{}'::bytea", hex::encode(value)),
         None => "NULL::bytea".to_owned(),
     };
     let text = |value: &str| {
         format!(
             "convert_from('\\x{}'::bytea, 'UTF8')",
-            hex(value.as_bytes())
+            hex::encode(value.as_bytes())
         )
     };
     // The locks first, in one order (a target list is evaluated left to right), then the
@@ -151,16 +113,6 @@ pub(crate) fn insert_statement(schema: &Schema, rows: &[Insert], channel: Option
         let _ = write!(statement, "; SELECT pg_notify({}, '')", text(channel));
     }
     statement
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut text, byte| {
-            let _ = write!(text, "{byte:02x}");
-            text
-        })
 }
 
 /// A record as the relay publishes it.
@@ -370,21 +322,6 @@ pub(crate) async fn oldest_unsent(
     .fetch_one(&mut *conn)
     .await?;
     Ok(millis.map(|ms| Duration::from_millis(u64::try_from(ms).unwrap_or(0))))
-}
-
-/// Tells the relays listening for `schema`'s outbox that records are waiting, when the
-/// caller's transaction commits.
-pub(crate) async fn notify(
-    tx: &mut PgConnection,
-    schema: &Schema,
-    channel: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(channel)
-        .persistent(schema.prepared())
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
 }
 
 /// The outbox at a glance: records waiting, parked and sent (kept), and the oldest
