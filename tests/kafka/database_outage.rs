@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::support::{Harness, wait_until};
+use crate::support::{Harness, wait_until, wait_while_progressing};
 use idem_demo::kafka::producer::{Plan, PlanConfig};
 use idem_demo::kafka::verify;
 use idem_kafka::OffsetStore;
@@ -77,9 +77,10 @@ async fn a_database_outage_pauses_consumption_and_skips_nothing(pool: PgPool) {
         "consumption paused on the failing message"
     );
 
-    wait_until(
-        Duration::from_secs(90),
+    wait_while_progressing(
+        Duration::from_secs(60),
         || stats.caught_up(&harness.topic, &produced.end_offsets),
+        || stats.snapshot().deliveries,
         || {
             format!(
                 "consumed to the end after the outage: {:?}",

@@ -11,7 +11,7 @@ use idem_kafka::{OffsetStore, Stats};
 use idem_runtime::Status;
 use sqlx::PgPool;
 
-use crate::support::{Harness, total, wait_until};
+use crate::support::{Harness, delivered, total, wait_while_progressing};
 
 const EVENTS: usize = 10_000;
 const DUPLICATE_RATE: f64 = 0.3;
@@ -63,15 +63,12 @@ async fn scenario(harness: Harness, offsets: OffsetStore, batch_size: usize) {
     // Mid-stream, kill the busiest consumer: it commits nothing more, and the messages it
     // processed since its last commit go to the others again.
     let all_stats: Vec<Arc<Stats>> = members.iter().map(|member| member.stats.clone()).collect();
-    wait_until(
+    let every = || all_stats.iter().collect::<Vec<_>>();
+    wait_while_progressing(
         Duration::from_secs(90),
-        || total(&all_stats.iter().collect::<Vec<_>>()).deliveries >= records as u64 / 3,
-        || {
-            format!(
-                "a third of the records consumed: {:?}",
-                total(&all_stats.iter().collect::<Vec<_>>())
-            )
-        },
+        || delivered(&every()) >= records as u64 / 3,
+        || delivered(&every()),
+        || format!("a third of the records consumed: {:?}", total(&every())),
     )
     .await;
     let busiest = (0..members.len())
@@ -90,8 +87,9 @@ async fn scenario(harness: Harness, offsets: OffsetStore, batch_size: usize) {
     let produced = producing.await.unwrap();
     assert_eq!(produced.records, records);
     assert_eq!(produced.malformed.len(), MALFORMED);
-    wait_until(
-        Duration::from_secs(150),
+    // The group stands still while it notices the kill (the session timeout) and rebalances.
+    wait_while_progressing(
+        Duration::from_secs(60),
         || {
             idem_kafka::caught_up(
                 all_stats.iter().map(Arc::as_ref),
@@ -99,13 +97,14 @@ async fn scenario(harness: Harness, offsets: OffsetStore, batch_size: usize) {
                 &produced.end_offsets,
             )
         },
+        || delivered(&every()),
         || {
             format!(
-                "every partition consumed to its end {:?}; positions {:?}",
+                "every partition consumed to its end {:?}; per member, deliveries and positions {:?}",
                 produced.end_offsets,
                 all_stats
                     .iter()
-                    .map(|stats| stats.positions())
+                    .map(|stats| (stats.snapshot().deliveries, stats.positions()))
                     .collect::<Vec<_>>()
             )
         },

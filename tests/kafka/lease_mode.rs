@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::support::{Harness, total, wait_until};
+use crate::support::{Harness, delivered, total, wait_until, wait_while_progressing};
 use idem_demo::kafka::notifications::{self, Crash, LEASE, NotificationService, ServiceSettings};
 use idem_demo::kafka::producer::{Plan, PlanConfig};
 use idem_demo::kafka::verify;
@@ -89,8 +89,8 @@ async fn every_paid_event_is_notified_once_despite_duplicates_and_a_crash_mid_ef
 
     let produced = producing.await.unwrap();
     assert_eq!(produced.records, records);
-    wait_until(
-        Duration::from_secs(120),
+    wait_while_progressing(
+        Duration::from_secs(60),
         || {
             idem_kafka::caught_up(
                 all_stats.iter().map(Arc::as_ref),
@@ -98,6 +98,7 @@ async fn every_paid_event_is_notified_once_despite_duplicates_and_a_crash_mid_ef
                 &produced.end_offsets,
             )
         },
+        || delivered(&all_stats.iter().collect::<Vec<_>>()),
         || {
             format!(
                 "every partition handled to its end {:?}: {:?}",

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
-use crate::support::{Harness, Member, wait_until};
+use crate::support::{Harness, Member, wait_while_progressing};
 
 const PAYMENTS: usize = 2_000;
 const PARTITIONS: i32 = 4;
@@ -309,9 +309,10 @@ async fn committed_offsets_never_pass_an_uncommitted_effect_under_faults(pool: P
     let mut covered_at_kills = Vec::new();
     for kill in 0..KILLS {
         let due = records_count * (kill as u64 + 1) / (KILLS as u64 + 2);
-        wait_until(
-            Duration::from_secs(120),
+        wait_while_progressing(
+            Duration::from_secs(60),
             || total(&all_stats) >= due,
+            || total(&all_stats),
             || {
                 let finished: Vec<bool> = members.iter().map(|m| m.task.is_finished()).collect();
                 format!("{due} deliveries before kill {kill} (members finished: {finished:?})")
@@ -339,8 +340,8 @@ async fn committed_offsets_never_pass_an_uncommitted_effect_under_faults(pool: P
         members.push(restarted);
     }
 
-    wait_until(
-        Duration::from_secs(180),
+    wait_while_progressing(
+        Duration::from_secs(60),
         || {
             idem_kafka::caught_up(
                 all_stats.iter().map(Arc::as_ref),
@@ -348,6 +349,7 @@ async fn committed_offsets_never_pass_an_uncommitted_effect_under_faults(pool: P
                 &end_offsets,
             )
         },
+        || total(&all_stats),
         || format!("every partition consumed to {end_offsets:?}"),
     )
     .await;

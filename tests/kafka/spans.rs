@@ -13,7 +13,7 @@ use tracing::span::{Attributes, Id, Record};
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::support::{Harness, wait_until};
+use crate::support::{Harness, wait_while_progressing};
 
 type Fields = BTreeMap<String, String>;
 
@@ -88,9 +88,10 @@ async fn each_message_is_a_process_span_with_the_messaging_attributes_and_idem_o
     let produced = harness.produce(&plan).await.unwrap();
     let member = harness.consumer("c0", OffsetStore::Kafka);
     let stats = member.stats.clone();
-    wait_until(
+    wait_while_progressing(
         Duration::from_secs(60),
         || stats.caught_up(&harness.topic, &produced.end_offsets),
+        || stats.snapshot().deliveries,
         || format!("consumed to the end: {:?}", stats.snapshot()),
     )
     .await;

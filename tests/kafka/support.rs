@@ -233,6 +233,49 @@ pub async fn wait_until(
     }
 }
 
+/// The longest a [`wait_while_progressing`] waits in all.
+const PROGRESSING_AT_MOST: Duration = Duration::from_secs(600);
+
+/// Waits until `done()` holds, checking every 100 ms, for as long as the consumers make
+/// headway: panics with `what()` when `progress()` (a count that grows while they work,
+/// such as their deliveries) has not moved for `stall`, or after ten minutes in all. On a
+/// slow or busy machine the same work takes longer; what the tests look for is a consumer
+/// group that stopped, not one that is slow.
+pub async fn wait_while_progressing(
+    stall: Duration,
+    mut done: impl FnMut() -> bool,
+    mut progress: impl FnMut() -> u64,
+    what: impl Fn() -> String,
+) {
+    let started = Instant::now();
+    let mut last = progress();
+    let mut moved_at = Instant::now();
+    while !done() {
+        let now = progress();
+        if now != last {
+            last = now;
+            moved_at = Instant::now();
+        }
+        assert!(
+            moved_at.elapsed() < stall,
+            "no progress for {stall:?} (after {:.0?} in all, {last} delivered): {}",
+            started.elapsed(),
+            what()
+        );
+        assert!(
+            started.elapsed() < PROGRESSING_AT_MOST,
+            "still not done after {PROGRESSING_AT_MOST:?}, though progressing ({last} delivered): {}",
+            what()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Deliveries of several consumers added up: the progress of [`wait_while_progressing`].
+pub fn delivered(members: &[&Arc<Stats>]) -> u64 {
+    total(members).deliveries
+}
+
 /// The counters of several consumers added up.
 pub fn total(members: &[&Arc<Stats>]) -> Snapshot {
     members
