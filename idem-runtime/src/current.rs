@@ -17,7 +17,6 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use uuid::Uuid;
 
@@ -35,8 +34,6 @@ pub struct CurrentDelivery {
     idem: Idem,
     scope: &'static str,
     keys: Keys,
-    /// Per message, how many unnamed things the body derived keys for so far.
-    unnamed: Arc<[AtomicU32]>,
     /// What the body left for its commit's round trip.
     at_commit: Arc<Mutex<Vec<Box<dyn AtCommit>>>>,
 }
@@ -98,17 +95,11 @@ impl CurrentDelivery {
         Some(outgoing_key(self.scope, *key, name))
     }
 
-    /// The position of the next unnamed thing that this run of the body derives a key for
-    /// from message `message`: 0, 1, 2, ... in the order of the calls. `None` when the
-    /// delivery has no message `message`.
-    pub fn next_unnamed(&self, message: usize) -> Option<u32> {
-        Some(self.unnamed.get(message)?.fetch_add(1, Ordering::Relaxed))
-    }
-
     /// Adds to the write of type `W` that this delivery's commit sends: `add` changes
     /// this delivery's `W` (made with `W::default()` on the first call). The commit sends
     /// its [`statement`](AtCommit::statement) in its own round trip, in the body's
     /// transaction, after the check that the transaction is intact and before `COMMIT`,
+    /// with idem's lock timeout bounding its waits (the body ran with the session's own),
     /// and only if the body returned `Ok`; a failed or retried run drops it. Its failure
     /// fails the commit, as the body's own statements would.
     ///
@@ -156,7 +147,6 @@ impl CurrentDelivery {
             idem: idem.clone(),
             scope,
             keys: Keys::One(key),
-            unnamed: Arc::new([AtomicU32::new(0)]),
             at_commit: Arc::default(),
         }
     }
@@ -165,7 +155,6 @@ impl CurrentDelivery {
         CurrentDelivery {
             idem: idem.clone(),
             scope,
-            unnamed: keys.iter().map(|_| AtomicU32::new(0)).collect(),
             keys: Keys::Many(keys.into()),
             at_commit: Arc::default(),
         }

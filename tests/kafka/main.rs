@@ -14,6 +14,8 @@ mod examples_start_together;
 mod lease_mode;
 mod ledger_under_faults;
 mod outbox_chain;
+mod outbox_lock_timeout;
+mod outbox_savepoints;
 mod per_message;
 mod spans;
 mod support;

@@ -76,7 +76,7 @@ use uuid::Uuid;
 
 use crate::schema::Schema;
 pub use crate::store::outbox::LOCK_CLASS;
-use crate::store::outbox::{Insert, insert_now};
+use crate::store::outbox::{Insert, Noted, Sends, insert_now, note_sends};
 use pending::PendingRecords;
 
 pub use error::OutboxError;
@@ -100,9 +100,13 @@ pub const SHARDS: i16 = 16;
 /// commits, and never if it rolls back.
 ///
 /// In a handler's body the row is written by the body's commit, in the same round trip
-/// (after the body's effects, before `COMMIT`), so that sending costs no round trip of
-/// its own: a body that fails, or a savepoint it rolls back, does not write it. Outside a
-/// body it is written in `tx` at once.
+/// (after the body's effects, before `COMMIT`, its lock waits bounded by the handle's lock
+/// timeout). The send itself notes the record in the transaction, in a round trip that
+/// writes nothing: a body that fails does not write it, nor does a savepoint it rolls
+/// back, and the part retried after such a rollback sends its records under the same keys
+/// again (an unnamed record's position counts only the records the transaction holds). A
+/// record whose key the transaction holds already (the same name twice) is refused with
+/// [`OutboxError::Invalid`]. Outside a body it is written in `tx` at once.
 ///
 /// The outbox is in the adapter's default schema for the handle the body runs on
 /// (`<idem's schema>_kafka`); [`send_all_in`] takes another. Outside a handler's body
@@ -148,23 +152,41 @@ async fn send_with(
     tx: &mut PgConnection,
     records: impl IntoIterator<Item = Record>,
 ) -> Result<Vec<Uuid>, OutboxError> {
-    let trace = TraceContext::current();
-    let mut rows = Vec::new();
-    for record in records {
-        rows.push(prepare(current, trace.as_ref(), record)?);
+    let records: Vec<Record> = records.into_iter().collect();
+    for record in &records {
+        check(record)?;
     }
-    if rows.is_empty() {
+    if records.is_empty() {
         return Ok(Vec::new());
     }
-    let keys = rows.iter().map(|row| row.idem_key).collect();
+    let (keys, noted) = match current {
+        Some(current) => {
+            let (keys, token) = body_keys(current, tx, &records).await?;
+            (keys, Some(token))
+        }
+        None => (
+            records
+                .iter()
+                .map(|record| record.idem_key.ok_or(OutboxError::NoDelivery))
+                .collect::<Result<Vec<_>, _>>()?,
+            None,
+        ),
+    };
+    let trace = TraceContext::current();
+    let rows: Vec<Insert> = records
+        .into_iter()
+        .zip(&keys)
+        .map(|(record, key)| row(record, *key, trace.as_ref(), noted))
+        .collect();
     let wake = wake_relays_now();
     let written = rows.len() as u64;
     match current {
-        // In a handler's body: written in its commit's round trip, after its effects.
+        // In a handler's body: written in its commit's round trip, after its effects, if
+        // the send is still part of the transaction then.
         Some(current) => {
             current.at_commit(|pending: &mut PendingRecords| pending.add(schema, rows, wake));
         }
-        _ => {
+        None => {
             let channel = wake.then(|| relay::channel(schema));
             insert_now(tx, schema, &rows, channel.as_deref())
                 .await
@@ -173,6 +195,104 @@ async fn send_with(
     }
     metrics::counter!("idem_outbox_written_total").increment(written);
     Ok(keys)
+}
+
+/// The keys of `records`, sent by a handler's body, and the token of their send, noted in
+/// its transaction in one round trip ([`note_sends`]): a given key as it is, a named
+/// record's derived from its fact and name, an unnamed record's from its position among
+/// the unnamed records of its message that the transaction holds (a savepoint rolled back
+/// takes its sends' positions back with them). A key that the transaction holds already
+/// is refused: the receiving side would take the second record for a duplicate.
+async fn body_keys(
+    current: &CurrentDelivery,
+    tx: &mut PgConnection,
+    records: &[Record],
+) -> Result<(Vec<Uuid>, u64), OutboxError> {
+    let mut keys: Vec<Option<Uuid>> = Vec::with_capacity(records.len());
+    let mut unnamed: Vec<(Uuid, u32)> = Vec::new();
+    for record in records {
+        let fact = current
+            .keys()
+            .get(record.message)
+            .ok_or_else(|| no_message(current, record.message))?
+            .as_uuid();
+        keys.push(match (record.idem_key, &record.name) {
+            (Some(key), _) => Some(key),
+            (None, Some(name)) => current.derived_key(record.message, name),
+            (None, None) => {
+                match unnamed.iter_mut().find(|(key, _)| *key == fact) {
+                    Some((_, count)) => *count += 1,
+                    None => unnamed.push((fact, 1)),
+                }
+                None
+            }
+        });
+    }
+    let given: Vec<Uuid> = keys.iter().flatten().copied().collect();
+    if let Some(twice) = (1..given.len()).find(|&i| given[..i].contains(&given[i])) {
+        return Err(sent_twice(records, &keys, given[twice]));
+    }
+    let token = next_token();
+    let sends = Sends {
+        token,
+        keys: &given,
+        unnamed: &unnamed,
+    };
+    let mut next = match note_sends(tx, &sends)
+        .await
+        .map_err(OutboxError::Database)?
+    {
+        Noted::Sent(before) => before,
+        Noted::Again(index) => return Err(sent_twice(records, &keys, given[index])),
+    };
+    let keys = records
+        .iter()
+        .zip(keys)
+        .map(|(record, key)| match key {
+            Some(key) => key,
+            None => {
+                let fact = current.keys()[record.message].as_uuid();
+                let slot = unnamed
+                    .iter()
+                    .position(|(key, _)| *key == fact)
+                    .unwrap_or_default();
+                let position = next[slot];
+                next[slot] += 1;
+                // The message exists: its key was found above.
+                current
+                    .derived_key(record.message, &format!("#{position}"))
+                    .unwrap_or_default()
+            }
+        })
+        .collect();
+    Ok((keys, token))
+}
+
+/// A number that no other send of this process uses: what a send notes itself by.
+fn next_token() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+fn sent_twice(records: &[Record], keys: &[Option<Uuid>], key: Uuid) -> OutboxError {
+    let described = records
+        .iter()
+        .zip(keys)
+        .find(|(_, known)| **known == Some(key))
+        .map_or_else(String::new, |(record, _)| match &record.name {
+            Some(name) => format!("named {name:?} "),
+            None => "with that key given ".to_owned(),
+        });
+    OutboxError::Invalid(format!(
+        "a record {described}for message {} was sent already by this run of the body (key {key}): \
+         the receiving side would take the second for a duplicate; give each record a name of its own",
+        records
+            .iter()
+            .zip(keys)
+            .find(|(_, known)| **known == Some(key))
+            .map_or(0, |(record, _)| record.message)
+    ))
 }
 
 /// Whether this send also wakes the relays: at most once every 50 ms per process, since
@@ -194,16 +314,17 @@ fn wake_relays_now() -> bool {
             .is_ok()
 }
 
-/// A record's row: its key derived, its shard and lock chosen, its headers checked.
-fn prepare(
-    current: Option<&CurrentDelivery>,
-    trace: Option<&TraceContext>,
-    record: Record,
-) -> Result<Insert, OutboxError> {
+/// Refuses a record that cannot be published as described.
+fn check(record: &Record) -> Result<(), OutboxError> {
     let legal = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    if record.topic.is_empty() || record.topic.len() > 249 || !record.topic.chars().all(legal) {
+    if record.topic.is_empty()
+        || record.topic.len() > 249
+        || !record.topic.chars().all(legal)
+        || record.topic == "."
+        || record.topic == ".."
+    {
         return Err(OutboxError::Invalid(format!(
-            "a topic name has 1 to 249 characters of [a-zA-Z0-9._-]; got {:?}",
+            "a topic name has 1 to 249 characters of [a-zA-Z0-9._-] and is neither \".\" nor \"..\"; got {:?}",
             record.topic
         )));
     }
@@ -222,40 +343,29 @@ fn prepare(
             "the header {name:?} is the outbox's own: it carries the record's idempotency key"
         )));
     }
-    let idem_key = match (record.idem_key, current) {
-        (Some(key), _) => key,
-        (None, Some(current)) => {
-            let name = match &record.name {
-                Some(name) => name.clone(),
-                None => match current.next_unnamed(record.message) {
-                    Some(position) => format!("#{position}"),
-                    None => return Err(no_message(current, record.message)),
-                },
-            };
-            current
-                .derived_key(record.message, &name)
-                .ok_or_else(|| no_message(current, record.message))?
-        }
-        (None, None) => return Err(OutboxError::NoDelivery),
-    };
+    if let Some(name) = record.name.as_ref().filter(|name| name.starts_with('#')) {
+        return Err(OutboxError::Invalid(format!(
+            "a record's name cannot start with '#', which names the unnamed records by their position; got {name:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// A record's row, with its key: its shard and lock chosen, the trace context in its
+/// headers.
+fn row(record: Record, idem_key: Uuid, trace: Option<&TraceContext>, noted: Option<u64>) -> Insert {
     let mut headers = record.headers;
     if let Some(trace) = trace {
         headers.retain(|(name, _)| name != TRACE_HEADER);
         headers.push((TRACE_HEADER.to_owned(), trace.child().into_bytes()));
     }
-    let ordered_by = match (&record.key, record.partition) {
-        (Some(key), _) => Some(key.as_slice()),
-        (None, Some(_)) | (None, None) => None,
-    };
-    let lock = match ordered_by {
-        Some(key) => order_hash(&record.topic, key),
-        None => match record.partition {
-            Some(partition) => order_hash(&record.topic, &partition.to_be_bytes()),
-            None => order_hash(&record.topic, idem_key.as_bytes()),
-        },
+    let lock = match (&record.key, record.partition) {
+        (Some(key), _) => order_hash(&record.topic, key),
+        (None, Some(partition)) => order_hash(&record.topic, &partition.to_be_bytes()),
+        (None, None) => order_hash(&record.topic, idem_key.as_bytes()),
     };
     let (names, values) = headers.into_iter().unzip();
-    Ok(Insert {
+    Insert {
         shard: shard_of(lock),
         lock: lock as i32,
         topic: record.topic,
@@ -265,7 +375,8 @@ fn prepare(
         header_names: names,
         header_values: values,
         idem_key,
-    })
+        noted,
+    }
 }
 
 fn no_message(current: &CurrentDelivery, message: usize) -> OutboxError {
@@ -297,29 +408,19 @@ mod tests {
 
     #[test]
     fn a_record_that_cannot_be_published_is_refused_when_sent() {
-        let keyed = |record: Record| record.idempotency_key(Uuid::from_u128(1));
-        let refused = |record: Record| match prepare(None, None, keyed(record)) {
+        let refused = |record: Record| match check(&record) {
             Err(OutboxError::Invalid(why)) => why,
             other => panic!("not refused: {other:?}"),
         };
         assert!(refused(Record::to("")).contains("1 to 249"));
         assert!(refused(Record::to("bad topic!")).contains("[a-zA-Z0-9._-]"));
         assert!(refused(Record::to("t\0")).contains("[a-zA-Z0-9._-]"));
+        assert!(refused(Record::to("..")).contains("neither"));
         assert!(refused(Record::to("t").partition(-1)).contains("0 or above"));
         assert!(refused(Record::to("t").header("a\0b", "v")).contains("NUL"));
         assert!(refused(Record::to("t").header(KEY_HEADER, "v")).contains("the outbox's own"));
-        assert!(
-            prepare(
-                None,
-                None,
-                keyed(Record::to("ok.topic_1-a").header("h", b"\0\xff"))
-            )
-            .is_ok()
-        );
-        assert!(matches!(
-            prepare(None, None, Record::to("t")),
-            Err(OutboxError::NoDelivery)
-        ));
+        assert!(refused(Record::to("t").name("#0")).contains("cannot start with '#'"));
+        assert!(check(&Record::to("ok.topic_1-a").header("h", b"\0\xff")).is_ok());
     }
 
     #[test]

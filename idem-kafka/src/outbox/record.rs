@@ -49,9 +49,11 @@ impl Record {
     }
 
     /// The name its idempotency key is derived under, unique among the records that one
-    /// run of the body sends: `"receipt"`, `"reserve-stock"`. Without a name, a record is
-    /// named by its position among the body's unnamed records (`"#0"`, `"#1"`, ...), which
-    /// changes when a later build sends them in another order: name them.
+    /// run of the body sends (a second record of the name is refused when sent):
+    /// `"receipt"`, `"reserve-stock"`. Without a name, a record is named by its position
+    /// among the body's unnamed records (`"#0"`, `"#1"`, ...), which changes when a later
+    /// build sends them in another order: name them. Names starting with `#` are the
+    /// positions' own.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self

@@ -20,6 +20,95 @@ fn relays_table(schema: &Schema) -> String {
     format!("{}.kafka_outbox_relays", schema.as_str())
 }
 
+/// The transaction-local setting (`set_config(..., true)`) in which the sends of a
+/// handler's body note themselves, one entry each, when they are made: `,t<token>` for
+/// the records of one call, `,k<key>` for a record's given or named key, `,u<key>` for an
+/// unnamed record of the message whose key that is. A savepoint that the body rolls back
+/// takes back, with its effects, what its sends noted (PostgreSQL restores a setting
+/// changed inside a savepoint when it is rolled back), so that the commit writes the
+/// records that are still part of the transaction, and no other.
+const SENT: &str = "idem_outbox.sent";
+
+/// The records of one send whose keys are not derived from a position, and the messages
+/// its unnamed records follow from.
+#[derive(Debug)]
+pub(crate) struct Sends<'a> {
+    /// A number that no other send of this process uses.
+    pub token: u64,
+    /// The keys of its records that are given or derived from a name.
+    pub keys: &'a [Uuid],
+    /// Per message that its unnamed records follow from: the message's key, and how
+    /// many of them.
+    pub unnamed: &'a [(Uuid, u32)],
+}
+
+/// What the transaction held when a send noted itself.
+#[derive(Debug)]
+pub(crate) enum Noted {
+    /// The send is noted; per entry of [`Sends::unnamed`], how many unnamed records of
+    /// that message the transaction already holds: the position of the first of this
+    /// send's.
+    Sent(Vec<u32>),
+    /// The key at this index of [`Sends::keys`] was sent before in the transaction, and is
+    /// still part of it; nothing was noted.
+    Again(usize),
+}
+
+/// Notes a handler body's send in its transaction (see [`SENT`]), in one statement with
+/// every value written in (digits and hexadecimal only).
+pub(crate) async fn note_sends(
+    tx: &mut PgConnection,
+    sends: &Sends<'_>,
+) -> Result<Noted, sqlx::Error> {
+    use std::fmt::Write as _;
+    let mut appended = format!(",t{}", sends.token);
+    let mut columns = Vec::new();
+    let mut again = Vec::new();
+    for (index, key) in sends.keys.iter().enumerate() {
+        let _ = write!(appended, ",k{}", key.simple());
+        again.push(format!("strpos(v, ',k{}') > 0", key.simple()));
+        columns.push(format!(
+            "strpos(v, ',k{}') > 0 AS again_{index}",
+            key.simple()
+        ));
+    }
+    for (index, (key, count)) in sends.unnamed.iter().enumerate() {
+        let entry = format!(",u{}", key.simple());
+        for _ in 0..*count {
+            appended.push_str(&entry);
+        }
+        columns.push(format!(
+            "((length(v) - length(replace(v, '{entry}', ''))) / {})::int4 AS before_{index}",
+            entry.len()
+        ));
+    }
+    let any_again = if again.is_empty() {
+        "false".to_owned()
+    } else {
+        again.join(" OR ")
+    };
+    columns.push(format!(
+        "set_config('{SENT}', CASE WHEN {any_again} THEN v ELSE v || '{appended}' END, true) AS noted"
+    ));
+    let statement = format!(
+        "SELECT {} FROM (SELECT coalesce(current_setting('{SENT}', true), '') AS v) AS sent",
+        columns.join(", ")
+    );
+    let row = sqlx::Executor::fetch_one(&mut *tx, sqlx::raw_sql(&statement)).await?;
+    for index in 0..sends.keys.len() {
+        if row.try_get::<bool, _>(format!("again_{index}").as_str())? {
+            return Ok(Noted::Again(index));
+        }
+    }
+    (0..sends.unnamed.len())
+        .map(|index| {
+            let before: i32 = row.try_get(format!("before_{index}").as_str())?;
+            Ok(u32::try_from(before).unwrap_or(0))
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map(Noted::Sent)
+}
+
 /// A record's row, as [`insert_statement`] writes it.
 #[derive(Debug)]
 pub(crate) struct Insert {
@@ -33,11 +122,13 @@ pub(crate) struct Insert {
     pub header_names: Vec<String>,
     pub header_values: Vec<Vec<u8>>,
     pub idem_key: Uuid,
+    /// The token of the send that noted it in its transaction ([`note_sends`]): written
+    /// only while the note is there. `None`: written whatever (a record written at once).
+    pub noted: Option<u64>,
 }
 
 /// Writes `rows` into `schema`'s outbox at once, in the caller's transaction (outside a
-/// handler's body), with the statements of [`insert_statement`]: the locks first, in one
-/// order, then the rows, then the relays' notification when `channel` is given.
+/// handler's body), with the statement of [`insert_statement`].
 pub(crate) async fn insert_now(
     tx: &mut PgConnection,
     schema: &Schema,
@@ -49,12 +140,16 @@ pub(crate) async fn insert_now(
     Ok(())
 }
 
-/// The statements that write `rows`, with every value written in: for the commit's round
+/// The statement that writes `rows`, with every value written in: for the commit's round
 /// trip of the delivery whose body sent the records
-/// ([`CurrentDelivery::at_commit`](idem_runtime::CurrentDelivery::at_commit)).
+/// ([`CurrentDelivery::at_commit`](idem_runtime::CurrentDelivery::at_commit)), or at once.
 /// Text and bytes are written as hexadecimal digits, numbers from their digits, UUIDs
-/// from their canonical text: no value can be read as SQL. The notification for the
-/// relays follows when `channel` is given. Several statements, for one simple query.
+/// from their canonical text: no value can be read as SQL. A row noted by a send is
+/// written only if its note is still in the transaction. The locks of the rows written
+/// are taken first, in one order, then the rows are numbered in that order: records of
+/// one topic and key keep the order they were sent in, and two transactions sending for
+/// the same keys in any orders wait for each other without a deadlock. The notification
+/// for the relays follows when `channel` is given.
 pub(crate) fn insert_statement(schema: &Schema, rows: &[Insert], channel: Option<&str>) -> String {
     use std::fmt::Write as _;
     let table = outbox_table(schema);
@@ -68,17 +163,8 @@ pub(crate) fn insert_statement(schema: &Schema, rows: &[Insert], channel: Option
             hex::encode(value.as_bytes())
         )
     };
-    // The locks first, in one order (a target list is evaluated left to right), then the
-    // rows numbered in that order: records of one topic and key keep the order they were
-    // sent in. Two plain statements: a commit plans them in microseconds.
     let mut order: Vec<usize> = (0..rows.len()).collect();
     order.sort_by_key(|&index| (rows[index].lock, index));
-    let mut locks: Vec<i32> = order.iter().map(|&index| rows[index].lock).collect();
-    locks.dedup();
-    let locks: Vec<String> = locks
-        .iter()
-        .map(|lock| format!("pg_advisory_xact_lock({LOCK_CLASS}, {lock})"))
-        .collect();
     let mut values = String::new();
     for (n, &index) in order.iter().enumerate() {
         let row = &rows[index];
@@ -90,9 +176,13 @@ pub(crate) fn insert_statement(schema: &Schema, rows: &[Insert], channel: Option
             .collect();
         let _ = write!(
             values,
-            "{comma}({shard}, {topic}, {partition}, {key}, {payload}, \
-             ARRAY[{names}]::text[], ARRAY[{header_values}]::bytea[], '{idem_key}')",
+            "{comma}({n}, {noted}::int8, {lock}::int4, {shard}::int2, {topic}, {partition}::int4, {key}, \
+             {payload}, ARRAY[{names}]::text[], ARRAY[{header_values}]::bytea[], '{idem_key}'::uuid)",
             comma = if n == 0 { "" } else { ", " },
+            noted = row
+                .noted
+                .map_or("NULL".to_owned(), |token| token.to_string()),
+            lock = row.lock,
             shard = row.shard,
             topic = text(&row.topic),
             partition = row.partition.map_or("NULL".to_owned(), |p| p.to_string()),
@@ -103,11 +193,18 @@ pub(crate) fn insert_statement(schema: &Schema, rows: &[Insert], channel: Option
             idem_key = row.idem_key,
         );
     }
+    // The locks in a scalar subquery that the insert evaluates before its first row.
     let mut statement = format!(
-        "SELECT {locks}; \
+        "WITH v (ord, noted, lock, shard, topic, kafka_partition, record_key, payload, header_names, \
+                 header_values, idem_key) AS (VALUES {values}), \
+         live AS (SELECT * FROM v WHERE noted IS NULL \
+                  OR strpos(coalesce(current_setting('{SENT}', true), '') || ',', ',t' || noted || ',') > 0), \
+         locked AS (SELECT count(*) AS locks FROM (SELECT pg_advisory_xact_lock({LOCK_CLASS}, l.lock) \
+                    FROM (SELECT DISTINCT lock FROM live ORDER BY lock) AS l) AS taken) \
          INSERT INTO {table} (shard, topic, kafka_partition, record_key, payload, header_names, \
-                              header_values, idem_key) VALUES {values}",
-        locks = locks.join(", "),
+                              header_values, idem_key) \
+         SELECT shard, topic, kafka_partition, record_key, payload, header_names, header_values, idem_key \
+         FROM live WHERE (SELECT locks FROM locked) >= 0 ORDER BY ord"
     );
     if let Some(channel) = channel {
         let _ = write!(statement, "; SELECT pg_notify({}, '')", text(channel));

@@ -142,15 +142,21 @@ impl Sql {
     }
 }
 
-/// Statements ending each with `; `, to precede `COMMIT` in one simple query.
-fn joined(statements: &[String]) -> String {
-    statements
-        .iter()
-        .fold(String::new(), |mut text, statement| {
+/// Statements ending each with `; `, to precede `COMMIT` in one simple query, after the
+/// lock timeout of `lock_timeout` (idem's, which bounds their waits as it bounds every
+/// wait idem causes: the body ran with the session's own); nothing when there are none.
+fn joined(lock_timeout: &str, statements: &[String]) -> String {
+    if statements.is_empty() {
+        return String::new();
+    }
+    statements.iter().fold(
+        format!("SET LOCAL lock_timeout = '{lock_timeout}'; "),
+        |mut text, statement| {
             text.push_str(statement.trim_end().trim_end_matches(';'));
             text.push_str("; ");
             text
-        })
+        },
+    )
 }
 
 impl Statements {
@@ -225,7 +231,7 @@ impl Statements {
     /// The result is stored with `previous` too, the key under the previous definition
     /// that the transaction claimed. `at_commit` are the statements that the body left
     /// for its commit ([`CurrentDelivery::at_commit`](crate::CurrentDelivery::at_commit)),
-    /// sent after the check and before `COMMIT`.
+    /// sent after the check and before `COMMIT`, under idem's lock timeout.
     pub(crate) fn commit(
         &self,
         scope: &str,
@@ -244,7 +250,7 @@ impl Statements {
                 table = self.table,
                 result = hex::encode(result.to_string()),
                 scope = hex::encode(scope),
-                at_commit = joined(at_commit),
+                at_commit = joined(&self.claim_lock_timeout, at_commit),
             )),
             None => self.commit_only(at_commit),
         }
@@ -258,7 +264,7 @@ impl Statements {
         std::borrow::Cow::Owned(format!(
             "{check}; {at_commit}COMMIT",
             check = self.delivery.check,
-            at_commit = joined(at_commit),
+            at_commit = joined(&self.claim_lock_timeout, at_commit),
         ))
     }
 
