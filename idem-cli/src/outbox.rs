@@ -155,7 +155,10 @@ async fn act(
             if out.json {
                 out.json(
                     &serde_json::json!({ "parked": parked.iter().map(|record| serde_json::json!({
-                    "id": record.id, "topic": record.topic, "idem_key": record.idem_key.to_string(),
+                    "id": record.id, "topic": record.topic,
+                    "key": record.key.as_deref().map(String::from_utf8_lossy),
+                    "partition": record.partition, "parked_at": record.parked_at.to_rfc3339(),
+                    "idem_key": record.idem_key.to_string(),
                     "attempts": record.attempts, "error": record.error,
                 })).collect::<Vec<_>>() }),
                 );
@@ -171,6 +174,14 @@ async fn act(
                     vec![
                         record.id.to_string(),
                         record.topic.clone(),
+                        record.key.as_deref().map_or_else(
+                            || "-".to_owned(),
+                            |key| String::from_utf8_lossy(key).into_owned(),
+                        ),
+                        record
+                            .partition
+                            .map_or_else(|| "-".to_owned(), |p| p.to_string()),
+                        record.parked_at.format("%Y-%m-%d %H:%M:%S").to_string(),
                         record.idem_key.to_string(),
                         record.attempts.to_string(),
                         record.error.clone().unwrap_or_default(),
@@ -179,7 +190,19 @@ async fn act(
                 .collect();
             print!(
                 "{}",
-                table(&["id", "topic", "idem-key", "attempts", "error"], &rows)
+                table(
+                    &[
+                        "id",
+                        "topic",
+                        "key",
+                        "partition",
+                        "parked",
+                        "idem-key",
+                        "attempts",
+                        "error"
+                    ],
+                    &rows
+                )
             );
         }
         OutboxAction::Retry { id, all } => {

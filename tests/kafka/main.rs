@@ -15,6 +15,7 @@ mod lease_mode;
 mod ledger_under_faults;
 mod outbox_chain;
 mod outbox_lock_timeout;
+mod outbox_relay_faults;
 mod outbox_savepoints;
 mod per_message;
 mod spans;

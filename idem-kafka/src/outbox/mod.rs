@@ -178,7 +178,17 @@ async fn send_with(
         .zip(&keys)
         .map(|(record, key)| row(record, *key, trace.as_ref(), noted))
         .collect();
-    let wake = wake_relays_now();
+    let database = match current {
+        Some(current) => current
+            .idem()
+            .pool()
+            .connect_options()
+            .get_database()
+            .unwrap_or_default()
+            .to_owned(),
+        None => String::new(),
+    };
+    let wake = wake_relays_now(&database, schema);
     let written = rows.len() as u64;
     match current {
         // In a handler's body: written in its commit's round trip, after its effects, if
@@ -295,23 +305,28 @@ fn sent_twice(records: &[Record], keys: &[Option<Uuid>], key: Uuid) -> OutboxErr
     ))
 }
 
-/// Whether this send also wakes the relays: at most once every 50 ms per process, since
-/// every notifying transaction takes the server's notification lock at its commit. The
-/// relays poll besides, so a record sent without a wake-up waits at most a poll.
-fn wake_relays_now() -> bool {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let now = START
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_millis() as u64
-        + 1_000;
-    let last = LAST.load(Ordering::Relaxed);
-    now >= last + 50
-        && LAST
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+/// Whether this send also wakes the relays of `schema`'s outbox (in `database`): at most
+/// once every 50 ms per process and outbox, since every notifying transaction takes the
+/// server's notification lock at its commit. The relays poll besides, so a record sent
+/// without a wake-up waits at most a poll.
+fn wake_relays_now(database: &str, schema: &Schema) -> bool {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    use std::time::{Duration, Instant};
+    static LAST: OnceLock<Mutex<HashMap<(String, String), Instant>>> = OnceLock::new();
+    let mut last = LAST
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let now = Instant::now();
+    let outbox = (database.to_owned(), schema.as_str().to_owned());
+    match last.get(&outbox) {
+        Some(at) if now.duration_since(*at) < Duration::from_millis(50) => false,
+        _ => {
+            last.insert(outbox, now);
+            true
+        }
+    }
 }
 
 /// Refuses a record that cannot be published as described.

@@ -11,7 +11,7 @@ use idem_runtime::{Idem, storable_text_of};
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
 use sqlx::postgres::PgListener;
 use uuid::Uuid;
 
@@ -36,7 +36,11 @@ use crate::store::outbox::{self as store, Pending};
 /// A record the broker refuses for good (a topic that does not exist, a record too
 /// large) or that failed [`max_attempts`](RelayBuilder::max_attempts) times is parked
 /// with its error: it is never retried by itself and never holds up another key (`idem
-/// outbox retry` puts it back). The relay wakes on `LISTEN` when a handler sent a record
+/// outbox retry` puts it back). A failure that is the broker's (out of reach, too slow,
+/// the producer's queue full) counts no attempt: the relay tries again after a pause that
+/// doubles up to 5 s, without letting later records of the key overtake. Each shard's
+/// acknowledgements are awaited on their own, and the leases are renewed while a round
+/// waits for the broker. The relay wakes on `LISTEN` when a handler sent a record
 /// (behind a transaction pooler, where `LISTEN` is not available, it polls), and every
 /// [`poll`](RelayBuilder::poll) anyway. Sent records are kept for
 /// [`retention`](RelayBuilder::retention), then deleted by the relay holding shard 0.
@@ -50,10 +54,14 @@ use crate::store::outbox::{self as store, Pending};
 pub struct Relay {
     idem: Idem,
     schema: Schema,
+    /// The database's name, a label of the relay's metrics beside the schema's.
+    database: String,
     producer: FutureProducer,
     owner: Uuid,
     settings: RelayBuilder,
     stats: Arc<RelayStats>,
+    /// What the broker said of topics lately: whether each exists, and when it said so.
+    topics: std::sync::Mutex<std::collections::HashMap<String, (Instant, bool)>>,
     /// Tests only (`test-util`): stop as a crash would, after the broker acknowledged a
     /// round's records and before they are marked sent.
     killed: Arc<AtomicBool>,
@@ -178,13 +186,21 @@ impl RelayBuilder {
             Some(schema) => schema.clone().behind(idem),
             None => Schema::for_idem(idem),
         };
+        let database = idem
+            .pool()
+            .connect_options()
+            .get_database()
+            .unwrap_or_default()
+            .to_owned();
         Ok(Relay {
             idem: idem.clone(),
             schema,
+            database,
             producer,
             owner: Uuid::new_v4(),
             settings: self,
             stats: Arc::default(),
+            topics: std::sync::Mutex::default(),
             killed: Arc::default(),
             died: AtomicBool::new(false),
         })
@@ -200,6 +216,9 @@ pub(crate) fn channel(schema: &Schema) -> String {
 struct Round {
     /// Some shard had a full batch: go on without waiting.
     more: bool,
+    /// The broker did not take some records for reasons that are not theirs (it was
+    /// unreachable, slow, or the producer's queue was full): wait before the next round.
+    unavailable: bool,
 }
 
 impl Relay {
@@ -247,7 +266,12 @@ impl Relay {
         tokio::pin!(shutdown);
         let mut listener = self.listen().await;
         let mut held: Vec<i16> = Vec::new();
-        let mut renewed = Instant::now() - self.settings.lease;
+        let renewed = std::sync::Mutex::new(Instant::now() - self.settings.lease);
+        let renewed_at = || {
+            *renewed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
         let mut purged = Instant::now();
         let mut backoff = Duration::from_millis(50);
         loop {
@@ -255,11 +279,30 @@ impl Relay {
                 return Ok(());
             }
             let step = async {
-                if renewed.elapsed() >= self.settings.lease / 3 {
+                if renewed_at().elapsed() >= self.settings.lease / 3 {
                     held = self.hold().await?;
-                    renewed = Instant::now();
+                    *renewed
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Instant::now();
                 }
-                let round = self.round(&held, renewed).await?;
+                // The leases are renewed while the round waits for the broker, however
+                // long that takes: another relay takes a shard over only from a relay
+                // that stopped.
+                let keep = async {
+                    loop {
+                        tokio::time::sleep(self.settings.lease / 3).await;
+                        if self.hold().await.is_ok() {
+                            *renewed
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                                Instant::now();
+                        }
+                    }
+                };
+                let round = tokio::select! {
+                    round = self.round(&held, renewed_at()) => round?,
+                    never = keep => never,
+                };
                 if held.contains(&0) && purged.elapsed() >= Duration::from_secs(60) {
                     self.purge().await?;
                     purged = Instant::now();
@@ -267,6 +310,12 @@ impl Relay {
                 Ok::<_, sqlx::Error>(round)
             };
             let wait = match step.await {
+                Ok(round) if round.unavailable => {
+                    // The broker did not take records, for reasons that are not theirs:
+                    // tried again, later and later, without counting an attempt.
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    backoff
+                }
                 Ok(round) if round.more => Duration::ZERO,
                 Ok(_) => {
                     backoff = Duration::from_millis(50);
@@ -284,20 +333,19 @@ impl Relay {
                     backoff
                 }
             };
-            if wait.is_zero() {
-                continue;
-            }
             let woken = async {
                 match listener.as_mut() {
-                    Some(listener) => {
+                    Some(listener) if !wait.is_zero() => {
                         if listener.recv().await.is_err() {
                             tokio::time::sleep(wait).await;
                         }
                     }
-                    None => std::future::pending::<()>().await,
+                    _ => std::future::pending::<()>().await,
                 }
             };
+            // The shutdown first: a backlog that fills every round never holds it up.
             tokio::select! {
+                biased;
                 () = &mut shutdown => break,
                 () = tokio::time::sleep(wait) => {}
                 () = woken => {}
@@ -357,16 +405,22 @@ impl Relay {
     }
 
     /// One round over the held shards: what waits in each (a batch per shard, one
-    /// query), produced all at once, then each shard's acknowledgements awaited in order
-    /// and marked.
+    /// query), handed to the producer shard by shard, each shard's acknowledgements
+    /// awaited in order and marked as soon as they are in, whatever the other shards'.
     async fn round(&self, held: &[i16], renewed: Instant) -> Result<Round, sqlx::Error> {
         // A lease about to run out may already be another relay's: publish nothing from
         // it until it is renewed.
         if renewed.elapsed() >= self.settings.lease / 2 {
-            return Ok(Round { more: true });
+            return Ok(Round {
+                more: true,
+                unavailable: false,
+            });
         }
         if held.is_empty() {
-            return Ok(Round { more: false });
+            return Ok(Round {
+                more: false,
+                unavailable: false,
+            });
         }
         let limit = self.settings.batch as i64;
         let pending = self
@@ -375,30 +429,45 @@ impl Relay {
         let more = pending
             .iter()
             .any(|(_, records)| records.len() == self.settings.batch);
-        let produced: Vec<(i16, Produced)> = pending
-            .into_iter()
-            .map(|(shard, records)| (shard, self.produce(records)))
-            .collect();
-        for (shard, produced) in produced {
-            self.settle(shard, produced).await?;
-            if self.died.load(Ordering::SeqCst) {
-                return Ok(Round { more: false });
-            }
+        let settled = futures_util::future::join_all(
+            pending
+                .into_iter()
+                .map(|(shard, records)| self.settle(shard, self.produce(records))),
+        )
+        .await;
+        let mut unavailable = false;
+        for shard in settled {
+            unavailable |= shard?;
+        }
+        if self.died.load(Ordering::SeqCst) {
+            return Ok(Round {
+                more: false,
+                unavailable,
+            });
         }
         if !more {
             let oldest = self
                 .alone(async |conn, schema| store::oldest_unsent(conn, schema).await)
                 .await?;
-            metrics::gauge!("idem_outbox_oldest_unsent_seconds")
-                .set(oldest.map_or(0.0, |age| age.as_secs_f64()));
+            metrics::gauge!(
+                "idem_outbox_oldest_unsent_seconds",
+                "schema" => self.schema.as_str().to_owned(),
+                "database" => self.database.clone()
+            )
+            .set(oldest.map_or(0.0, |age| age.as_secs_f64()));
         }
-        Ok(Round { more })
+        Ok(Round { more, unavailable })
     }
 
-    /// Hands one shard's records (in order) to the producer.
+    /// Hands one shard's records (in order) to the producer; stops at the first that its
+    /// queue does not take (full), leaving it and the rest of the shard for a later round.
     fn produce(&self, pending: Vec<Pending>) -> Produced {
         let mut deliveries = Vec::with_capacity(pending.len());
+        let mut queue_full = false;
         for record in &pending {
+            if queue_full {
+                break;
+            }
             let key_text = record.idem_key.to_string();
             let mut headers = OwnedHeaders::new_with_capacity(record.headers.len() + 1);
             for (name, value) in &record.headers {
@@ -423,7 +492,13 @@ impl Relay {
             }
             deliveries.push(match self.producer.send_result(future) {
                 Ok(delivery) => Ok(delivery),
-                Err((error, _)) => Err(error),
+                Err((error, _)) => {
+                    queue_full = matches!(
+                        error,
+                        KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)
+                    );
+                    Err(error)
+                }
             });
         }
         Produced {
@@ -433,8 +508,9 @@ impl Relay {
     }
 
     /// Awaits one shard's acknowledgements, in order, and marks what the broker took;
-    /// records the failures (parking what can never go).
-    async fn settle(&self, shard: i16, produced: Produced) -> Result<(), sqlx::Error> {
+    /// records the failures that count against their record, parking what can never go.
+    /// Returns whether the broker failed records for reasons that are not theirs.
+    async fn settle(&self, shard: i16, produced: Produced) -> Result<bool, sqlx::Error> {
         let Produced {
             pending,
             deliveries,
@@ -444,6 +520,7 @@ impl Relay {
         // key wait too, so that they never overtake it.
         let mut held_back: HashSet<(&str, Option<&[u8]>)> = HashSet::new();
         let mut failures = Vec::new();
+        let mut unavailable = false;
         for (record, delivery) in pending.iter().zip(deliveries) {
             let result = match delivery {
                 Ok(delivery) => match delivery.await {
@@ -454,31 +531,50 @@ impl Relay {
                 Err(error) => Err(error),
             };
             let order = (record.topic.as_str(), record.key.as_deref());
-            match result {
-                Ok(()) if !held_back.contains(&order) => sent.push(record.id),
-                Ok(()) => {}
-                Err(error) => {
-                    let park = refused_for_good(&error)
-                        || record.attempts + 1
-                            >= i32::try_from(self.settings.max_attempts).unwrap_or(i32::MAX);
-                    let text = storable_text_of(&error.to_string(), 2000);
-                    tracing::warn!(id = record.id, topic = %record.topic, %error, park, "an outbox record was not published");
-                    failures.push((record.id, text, park));
-                    self.stats.failed.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("idem_outbox_relay_errors_total", "kind" => "publish")
-                        .increment(1);
-                    if park {
-                        self.stats.parked.fetch_add(1, Ordering::Relaxed);
-                        metrics::counter!("idem_outbox_parked_total").increment(1);
-                    } else {
-                        held_back.insert(order);
-                    }
+            let error = match result {
+                Ok(()) if !held_back.contains(&order) => {
+                    sent.push(record.id);
+                    continue;
                 }
+                Ok(()) => continue,
+                Err(error) => error,
+            };
+            self.stats.failed.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("idem_outbox_relay_errors_total", "kind" => "publish").increment(1);
+            let last_try = record.attempts + 1
+                >= i32::try_from(self.settings.max_attempts).unwrap_or(i32::MAX);
+            let (fate, text) = match self.failure_of(&error, &record.topic).await {
+                Failure::Broker => {
+                    tracing::debug!(id = record.id, topic = %record.topic, %error, "the broker did not take an outbox record; trying again");
+                    unavailable = true;
+                    held_back.insert(order);
+                    continue;
+                }
+                Failure::Record(for_good) => (for_good || last_try, error.to_string()),
+                Failure::MissingTopic => (
+                    true,
+                    format!(
+                        "the topic {:?} does not exist, the broker says ({error})",
+                        record.topic
+                    ),
+                ),
+            };
+            let text = storable_text_of(&text, 2000);
+            tracing::warn!(id = record.id, topic = %record.topic, %error, park = fate, "an outbox record was not published");
+            failures.push((record.id, text, fate));
+            if fate {
+                self.stats.parked.fetch_add(1, Ordering::Relaxed);
+                metrics::counter!("idem_outbox_parked_total").increment(1);
+            } else {
+                held_back.insert(order);
             }
         }
         if self.killed() {
             self.died.store(true, Ordering::SeqCst);
-            return Ok(());
+            return Ok(unavailable);
+        }
+        if sent.is_empty() && failures.is_empty() {
+            return Ok(unavailable);
         }
         let owner = self.owner;
         let marked = self
@@ -491,8 +587,80 @@ impl Relay {
             .await?;
         self.stats.published.fetch_add(marked, Ordering::Relaxed);
         metrics::counter!("idem_outbox_published_total").increment(marked);
-        Ok(())
+        Ok(unavailable)
     }
+
+    /// Whose failure `error` is: the broker's (unreachable, slow, its queue full; the
+    /// record is tried again without counting an attempt), or the record's (`true`: the
+    /// broker refuses it whatever the number of tries). A record that timed out to a topic
+    /// that the broker says does not exist is the record's, for good.
+    async fn failure_of(&self, error: &KafkaError, topic: &str) -> Failure {
+        let code = match error {
+            KafkaError::MessageProduction(code) => *code,
+            KafkaError::Canceled => return Failure::Broker,
+            _ => return Failure::Record(false),
+        };
+        if refused_for_good(code) {
+            return Failure::Record(true);
+        }
+        if code == RDKafkaErrorCode::MessageTimedOut && self.topic_unknown(topic).await {
+            return Failure::MissingTopic;
+        }
+        if the_brokers(code) {
+            Failure::Broker
+        } else {
+            Failure::Record(false)
+        }
+    }
+
+    /// Whether the broker answers that `topic` does not exist (a broker out of reach
+    /// answers nothing: `false`). An answer, or its absence, stands for ten seconds.
+    async fn topic_unknown(&self, topic: &str) -> bool {
+        let lock = || {
+            self.topics
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        if let Some((at, unknown)) = lock().get(topic)
+            && at.elapsed() < Duration::from_secs(10)
+        {
+            return *unknown;
+        }
+        let producer = self.producer.clone();
+        let name = topic.to_owned();
+        let answer = tokio::task::spawn_blocking(move || {
+            let metadata = producer
+                .client()
+                .fetch_metadata(Some(&name), Duration::from_secs(2))
+                .ok()?;
+            metadata
+                .topics()
+                .iter()
+                .find(|known| known.name() == name)
+                .map(|known| {
+                    known.error().is_some_and(|error| {
+                        RDKafkaErrorCode::from(error) == RDKafkaErrorCode::UnknownTopicOrPartition
+                    })
+                })
+        })
+        .await
+        .ok()
+        .flatten();
+        // No answer (the broker is out of reach) stands as "not known to be missing".
+        let unknown = answer.unwrap_or(false);
+        lock().insert(topic.to_owned(), (Instant::now(), unknown));
+        unknown
+    }
+}
+
+/// Whose failure a publication's error is (see [`Relay::failure_of`]).
+enum Failure {
+    /// The broker's: tried again, no attempt counted.
+    Broker,
+    /// The record's: an attempt; `true` when the broker refuses it for good.
+    Record(bool),
+    /// The record's topic does not exist, the broker says: refused for good.
+    MissingTopic,
 }
 
 /// One shard's records handed to the producer, with their acknowledgements to come.
@@ -506,12 +674,8 @@ fn missing_outbox(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("42P01" | "3F000")))
 }
 
-/// Whether the broker refuses `error`'s record whatever the number of tries.
-fn refused_for_good(error: &KafkaError) -> bool {
-    let code = match error {
-        KafkaError::MessageProduction(code) => *code,
-        _ => return false,
-    };
+/// Whether the broker refuses a record with `code` whatever the number of tries.
+fn refused_for_good(code: RDKafkaErrorCode) -> bool {
     matches!(
         code,
         RDKafkaErrorCode::MessageSizeTooLarge
@@ -523,5 +687,32 @@ fn refused_for_good(error: &KafkaError) -> bool {
             | RDKafkaErrorCode::InvalidRecord
             | RDKafkaErrorCode::InvalidTopic
             | RDKafkaErrorCode::InvalidMessage
+    )
+}
+
+/// Whether `code` says that the broker could not take a record at that moment, whatever
+/// the record: a timeout, a full queue, a broker or a leader out of reach.
+fn the_brokers(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::MessageTimedOut
+            | RDKafkaErrorCode::QueueFull
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::BrokerNotAvailable
+            | RDKafkaErrorCode::LeaderNotAvailable
+            | RDKafkaErrorCode::NotLeaderForPartition
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::NetworkException
+            | RDKafkaErrorCode::NotEnoughReplicas
+            | RDKafkaErrorCode::NotEnoughReplicasAfterAppend
+            | RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::TimedOutQueue
+            | RDKafkaErrorCode::Resolve
+            | RDKafkaErrorCode::ISRInsufficient
+            | RDKafkaErrorCode::PurgeQueue
+            | RDKafkaErrorCode::PurgeInflight
+            | RDKafkaErrorCode::KafkaStorageError
+            | RDKafkaErrorCode::ThrottlingQuotaExceeded
     )
 }

@@ -19,8 +19,8 @@ pub(crate) struct TraceContext {
 }
 
 impl TraceContext {
-    /// The incoming `traceparent`, if it is valid (version 00); otherwise a new trace,
-    /// sampled.
+    /// The incoming `traceparent`, if it is valid (version 00, or a later version read as
+    /// version 00); otherwise a new trace, sampled.
     pub(crate) fn of_incoming(header: Option<&[u8]>) -> Self {
         header
             .and_then(|value| std::str::from_utf8(value).ok())
@@ -41,8 +41,14 @@ impl TraceContext {
                     .bytes()
                     .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         };
-        let valid = version == "00"
-            && parts.next().is_none()
+        // Version 00 has exactly these four fields; a later version (01 to fe) may append
+        // more, which are ignored, as W3C Trace Context asks of a version-00 parser.
+        let known_fields = match version {
+            "00" => parts.next().is_none(),
+            "ff" => false,
+            _ => hex(version, 2),
+        };
+        let valid = known_fields
             && hex(trace_id, 32)
             && trace_id.bytes().any(|b| b != b'0')
             && hex(parent, 16)
@@ -89,8 +95,15 @@ mod tests {
         assert!(child.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
         assert!(child.ends_with("-01"));
         assert_ne!(child, String::from_utf8_lossy(incoming));
+        // A later version is read as version 00, its extra fields ignored.
+        let later = b"cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes-later";
+        assert_eq!(
+            TraceContext::of_incoming(Some(later)).trace_id(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
         for bad in [
-            &b"01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"[..],
+            &b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"[..],
+            b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
             b"00-00000000000000000000000000000000-00f067aa0ba902b7-01",
             b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
             b"garbage",

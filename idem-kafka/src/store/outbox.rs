@@ -480,11 +480,18 @@ pub(crate) async fn summary(
 
 /// A record set aside, as `idem outbox parked` lists it.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ParkedRecord {
     /// The record's number in the outbox.
     pub id: i64,
     /// Its topic.
     pub topic: String,
+    /// Its Kafka key.
+    pub key: Option<Vec<u8>>,
+    /// The partition it was sent to, if it named one.
+    pub partition: Option<i32>,
+    /// When it was parked.
+    pub parked_at: chrono::DateTime<chrono::Utc>,
     /// Its idempotency key.
     pub idem_key: Uuid,
     /// Publications that failed.
@@ -500,8 +507,8 @@ pub(crate) async fn parked(
 ) -> Result<Vec<ParkedRecord>, sqlx::Error> {
     let table = outbox_table(schema);
     let rows = sqlx::query(&format!(
-        "SELECT id, topic, idem_key, attempts, last_error FROM {table} \
-         WHERE parked_at IS NOT NULL AND sent_at IS NULL ORDER BY id LIMIT $1"
+        "SELECT id, topic, record_key, kafka_partition, parked_at, idem_key, attempts, last_error \
+         FROM {table} WHERE parked_at IS NOT NULL AND sent_at IS NULL ORDER BY id LIMIT $1"
     ))
     .bind(limit)
     .persistent(schema.prepared())
@@ -512,6 +519,9 @@ pub(crate) async fn parked(
             Ok(ParkedRecord {
                 id: row.try_get("id")?,
                 topic: row.try_get("topic")?,
+                key: row.try_get("record_key")?,
+                partition: row.try_get("kafka_partition")?,
+                parked_at: row.try_get("parked_at")?,
                 idem_key: row.try_get("idem_key")?,
                 attempts: row.try_get("attempts")?,
                 error: row.try_get("last_error")?,
