@@ -161,7 +161,7 @@ async fn send_with(
     }
     let (keys, noted) = match current {
         Some(current) => {
-            let (keys, token) = body_keys(current, tx, &records).await?;
+            let (keys, token) = body_keys(schema, current, tx, &records).await?;
             (keys, Some(token))
         }
         None => (
@@ -214,6 +214,7 @@ async fn send_with(
 /// takes its sends' positions back with them). A key that the transaction holds already
 /// is refused: the receiving side would take the second record for a duplicate.
 async fn body_keys(
+    schema: &Schema,
     current: &CurrentDelivery,
     tx: &mut PgConnection,
     records: &[Record],
@@ -248,7 +249,7 @@ async fn body_keys(
         keys: &given,
         unnamed: &unnamed,
     };
-    let mut next = match note_sends(tx, &sends)
+    let mut next = match note_sends(tx, schema, &sends)
         .await
         .map_err(OutboxError::Database)?
     {
