@@ -2,22 +2,28 @@
 # What a new message costs as the status table grows: idem's new-message SQL (idem.sql)
 # and the bare business transaction (bare.sql) side by side, at each size of the status
 # table, with the write-ahead log each writes per message. The table is filled with SQL
-# (SHA-like random keys, as digests are), then vacuumed and checkpointed, so that every
-# cell starts right after a checkpoint, as a long-running consumer's minutes do.
+# (SHA-like random keys, as digests are, created evenly over the last eight days), then
+# vacuumed and checkpointed, so that every cell starts right after a checkpoint, as a
+# long-running consumer's minutes do.
 #
-#   bash benches/ceilings/scale.sh                  # sizes 0, 5M and 20M keys, about 15 minutes
+# At the largest size, retention while messages flow: new messages alone, then while
+# `idem purge --older-than 7d` deletes the oldest day's keys (an eighth of the table); then
+# the next day's keys purged alone, with the purge's time and WAL.
+#
+#   bash benches/ceilings/scale.sh                  # sizes 0, 5M, 20M and 100M keys, about 2 hours
 #   SCALE_SIZES="0 5000000" SCALE_SECS=20 SCALE_ROUNDS=2 bash benches/ceilings/scale.sh
+#   SCALE_TSV=scale.tsv bash benches/ceilings/scale.sh && python3 benches/ceilings/chart.py scale.tsv > chart.svg
 #
 # Uses its own database (SCALE_DATABASE, default idem_scale; dropped and made again at the
 # start, dropped at the end unless SCALE_KEEP=1), migrated with the `idem` command line
 # (`cargo run -p idem-cli`). Connects with the libpq environment (PGHOST, PGPORT, PGUSER;
-# default 127.0.0.1:5432 as postgres). 20 million keys take about 3.6 GB of disk.
+# default 127.0.0.1:5432 as postgres). 100 million keys take about 18 GB of disk.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 database=${SCALE_DATABASE:-idem_scale}
-sizes=${SCALE_SIZES:-"0 5000000 20000000"}
+sizes=${SCALE_SIZES:-"0 5000000 20000000 100000000"}
 secs=${SCALE_SECS:-30}
 rounds=${SCALE_ROUNDS:-2}
 clients=${SCALE_CLIENTS:-16}
@@ -31,22 +37,26 @@ dropdb --if-exists "$database"
 createdb "$database"
 cleanup() { [[ ${SCALE_KEEP:-0} == 1 ]] || dropdb --if-exists "$database"; }
 trap cleanup EXIT
-cargo run -q --manifest-path "$root/Cargo.toml" -p idem-cli -- \
-    -D "postgres://$PGUSER@$PGHOST:$PGPORT/$database" migrate >/dev/null
+url="postgres://$PGUSER@$PGHOST:$PGPORT/$database"
+cargo build -q --release --manifest-path "$root/Cargo.toml" -p idem-cli
+idem_cli="$root/target/release/idem"
+"$idem_cli" -D "$url" migrate >/dev/null
 psql -d "$database" -qc "CREATE TABLE order_effects (id bigserial PRIMARY KEY, order_id text NOT NULL,
                          event_type text NOT NULL, amount_cents bigint NOT NULL)"
 
-# Grows the status table to $1 keys, in steps of a million (one transaction each).
+# Grows the status table to $1 keys filled with SQL (the new messages of the cells come on
+# top), in steps of a million (one transaction each). The keys filled for a size were
+# created evenly over the eight days before the fill, the oldest first.
+filled=0
 fill_to() {
-    local have
-    have=$(psql -d "$database" -qAtc "SELECT count(*) FROM idem.idem_keys")
-    while (( have < $1 )); do
-        local step=$(( $1 - have < 1000000 ? $1 - have : 1000000 ))
-        psql -d "$database" -qc "INSERT INTO idem.idem_keys (scope, key, status, attempts, fingerprint)
+    while (( filled < $1 )); do
+        local step=$(( $1 - filled < 1000000 ? $1 - filled : 1000000 ))
+        psql -d "$database" -qc "INSERT INTO idem.idem_keys (scope, key, status, attempts, fingerprint, created_at, updated_at)
             SELECT 'ceiling', md5('fill' || g::text)::uuid, 'success', 1,
-                   '\x00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff'::bytea
-            FROM generate_series($have + 1, $have + $step) AS g"
-        have=$(( have + step ))
+                   '\x00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff'::bytea,
+                   now() - ($1 - g) * interval '8 days' / $1, now() - ($1 - g) * interval '8 days' / $1
+            FROM generate_series($filled + 1, $filled + $step) AS g"
+        filled=$(( filled + step ))
     done
     psql -d "$database" -qc "VACUUM ANALYZE idem.idem_keys" -c "VACUUM ANALYZE order_effects"
 }
@@ -63,6 +73,8 @@ cell() {
     psql -d "$database" -qAtc "SELECT '$tps', round(pg_wal_lsn_diff('$after', '$before') / greatest($count, 1))"
 }
 
+tsv=${SCALE_TSV:-/dev/null}
+printf 'keys\tround\tidem_tps\tbare_tps\tidem_wal\tbare_wal\n' >"$tsv"
 echo "pgbench, c=$clients, $secs s a cell after a CHECKPOINT, $rounds rounds (the order alternating), database $database"
 printf '%12s %12s %10s %10s %8s %12s %12s\n' keys "table+index" "idem tps" "bare tps" ratio "idem WAL/msg" "bare WAL/msg"
 for size in $sizes; do
@@ -76,8 +88,47 @@ for size in $sizes; do
         done
         read -r idem_tps idem_wal <<<"${got[idem]//|/ }"
         read -r bare_tps bare_wal <<<"${got[bare]//|/ }"
+        printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$size" "$round" "$idem_tps" "$bare_tps" "$idem_wal" "$bare_wal" >>"$tsv"
         printf '%12s %12s %10.0f %10.0f %8.2f %12s %12s\n' "$size" "$bytes" "$idem_tps" "$bare_tps" \
             "$(awk -v a="$idem_tps" -v b="$bare_tps" 'BEGIN { print a / b }')" "$idem_wal" "$bare_wal"
         unset got
     done
 done
+
+# Retention at the largest size: `idem purge` of the oldest day's keys while new messages
+# flow, then of the next day's alone. Prints "<seconds> <WAL bytes> <deleted>" for a purge.
+purge() {
+    local before after started report
+    before=$(psql -d "$database" -qAtc "SELECT pg_current_wal_lsn()")
+    started=$(date +%s.%N)
+    report=$("$idem_cli" -D "$url" --json purge --older-than "$1")
+    after=$(psql -d "$database" -qAtc "SELECT pg_current_wal_lsn()")
+    printf '%s %s %s\n' "$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')" \
+        "$(psql -d "$database" -qAtc "SELECT pg_wal_lsn_diff('$after', '$before')")" \
+        "$(sed -n 's/.*"deleted": *\([0-9]*\).*/\1/p' <<<"$report" | head -n 1)"
+}
+
+largest=$(tr ' ' '\n' <<<"$sizes" | sort -n | tail -n 1)
+if (( largest > 0 )); then
+    read -r alone _ <<<"$(cell idem | tr '|' ' ')"
+    psql -d "$database" -qc "CHECKPOINT"
+    during_log=$(mktemp)
+    pgbench -n -M simple -D prepared=0 -c "$clients" -j 2 -T "$secs" -f "$here/idem.sql" "$database" >"$during_log" 2>&1 &
+    ingest=$!
+    sleep 2
+    read -r during_secs during_wal during_deleted <<<"$(purge 7d)"
+    wait "$ingest"
+    during=$(awk '/^tps/ { print $3 }' "$during_log")
+    rm -f "$during_log"
+    psql -d "$database" -qc "CHECKPOINT"
+    read -r alone_secs alone_wal alone_deleted <<<"$(purge 6d)"
+    echo
+    echo "retention at $largest keys: idem purge of a day's keys while new messages flow"
+    printf '  new messages alone %.0f tps, during the purge %.0f tps (%.2fx)\n' "$alone" "$during" \
+        "$(awk -v a="$during" -v b="$alone" 'BEGIN { print a / b }')"
+    printf '  purge of %s keys during them: %s s, %.0f MB of WAL (theirs included)\n' "$during_deleted" "$during_secs" \
+        "$(awk -v w="$during_wal" 'BEGIN { print w / 1048576 }')"
+    printf '  purge of %s keys alone: %s s, %.0f MB of WAL; the table afterwards: %s\n' "$alone_deleted" "$alone_secs" \
+        "$(awk -v w="$alone_wal" 'BEGIN { print w / 1048576 }')" \
+        "$(psql -d "$database" -qAtc "SELECT pg_size_pretty(pg_total_relation_size('idem.idem_keys'))")"
+fi
