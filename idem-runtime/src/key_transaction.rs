@@ -97,6 +97,42 @@ impl KeyTransaction {
         self.end("ROLLBACK").await
     }
 
+    /// Rolls the transaction back after a body that failed, as [`rollback`](Self::rollback)
+    /// does, and tells whether the body had ended it itself (`COMMIT`, `ROLLBACK`, or
+    /// sqlx's `begin()` on the connection): what the body ran after that was committed on
+    /// its own, so the delivery must not run again. The check travels in the rollback's
+    /// round trip (a `SAVEPOINT` fails with 25P01 outside a transaction); a transaction
+    /// the body left aborted takes a second round trip to roll back.
+    pub(crate) async fn rollback_after_failure(mut self) -> Result<Ended, sqlx::Error> {
+        let closed = match self.pooled {
+            true => close_cached_statements(self.connection()).await,
+            false => Ok(()),
+        };
+        match closed.and(
+            self.execute("SAVEPOINT idem_rollback_check; ROLLBACK")
+                .await,
+        ) {
+            Ok(()) => {
+                self.release();
+                Ok(Ended::ByRollback)
+            }
+            Err(error) if is_no_transaction(&error) => {
+                self.release();
+                Ok(Ended::ByBody)
+            }
+            // Aborted by a statement of the body: the check could not run.
+            Err(error) if error.as_database_error().is_some() => {
+                self.end("ROLLBACK").await.map(|()| Ended::ByRollback)
+            }
+            Err(error) => {
+                if let Some(mut connection) = self.connection.take() {
+                    connection.close_on_drop();
+                }
+                Err(error)
+            }
+        }
+    }
+
     async fn end(&mut self, statement: &str) -> Result<(), sqlx::Error> {
         let closed = match self.pooled {
             true => close_cached_statements(self.connection()).await,
@@ -130,6 +166,15 @@ impl KeyTransaction {
     async fn execute(&mut self, statements: &str) -> Result<(), sqlx::Error> {
         self.connection().execute(statements).await.map(drop)
     }
+}
+
+/// How a failed body's transaction ended (see [`KeyTransaction::rollback_after_failure`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Rolled back by the runtime: nothing of the body stays.
+    ByRollback,
+    /// The body had ended it itself; what it ran afterwards may be committed.
+    ByBody,
 }
 
 impl Deref for KeyTransaction {

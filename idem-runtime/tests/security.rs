@@ -97,6 +97,8 @@ async fn no_password_appears_in_logs_or_errors(pool: PgPool) {
     errors.push(signup(&idem, &event).await.unwrap_err().to_string());
 
     let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    // The unreachable Redis's errors are logged; without the feature, nothing may be.
+    #[cfg(feature = "redis")]
     assert!(!logs.is_empty(), "the subscriber captured idem's logs");
     assert!(!logs.contains(PASSWORD), "a password in the logs:\n{logs}");
     for error in errors {

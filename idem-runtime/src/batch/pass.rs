@@ -10,7 +10,7 @@ use crate::current::CurrentDelivery;
 use crate::faults;
 use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::handler_key::MessageKeys;
-use crate::key_transaction::KeyTransaction;
+use crate::key_transaction::{Ended, KeyTransaction};
 use crate::outcome::{Error, HandlerError, Outcome};
 use crate::telemetry::{Mode, Timer};
 use crate::transactional;
@@ -178,6 +178,17 @@ pub(super) async fn commit(
     }
 }
 
+/// Rolls the batch transaction `xid` back after a body failed: the messages go one by one,
+/// unless the body had ended the transaction itself (what it ran afterwards is committed,
+/// so none of the batch runs again).
+async fn failed(tx: KeyTransaction, xid: i64) -> Fallback {
+    match tx.rollback_after_failure().await {
+        Ok(Ended::ByBody) => Fallback::TransactionEnded { xid },
+        Ok(Ended::ByRollback) => Fallback::HandlerFailed,
+        Err(error) => Fallback::Database(error),
+    }
+}
+
 /// [`run_batch`](super::protocol::run_batch)'s work in the batch transaction: the body for each owned message, in order,
 /// one statement storing the results, the commit.
 #[allow(clippy::too_many_arguments)]
@@ -207,7 +218,7 @@ where
         at_commit.extend(current.take_at_commit());
         tx = returned;
         let Ok(value) = result else {
-            return Err(Fallback::HandlerFailed);
+            return Err(failed(tx, xid).await);
         };
         // An unencodable result fails this message alone, in the per-message pass.
         let Ok(stored) = codec.encode(&value) else {
@@ -257,7 +268,7 @@ where
     let (tx, result) = current.clone().run(body(tx, slice)).await;
     running.handler(scope, Mode::Batch);
     if result.is_err() {
-        return Err(Fallback::HandlerFailed);
+        return Err(failed(tx, xid).await);
     }
     // As in `run_each`: an aborted or ended transaction fails the check.
     commit(idem, tx, xid, &current.take_at_commit()).await?;

@@ -11,7 +11,7 @@ use crate::config::ErrorTexts;
 use crate::error_text::{error_kind, failure_text, is_transient, storable_text};
 use crate::faults::{self, BackendKill};
 use crate::handler::ResultCodec;
-use crate::key_transaction::KeyTransaction;
+use crate::key_transaction::{Ended, KeyTransaction};
 use crate::outcome::{Error, HandlerError, Outcome};
 
 impl Delivery<'_> {
@@ -114,6 +114,7 @@ impl Delivery<'_> {
     pub(super) async fn fail<T, E: HandlerError>(
         &self,
         tx: KeyTransaction,
+        xid: i64,
         error: E,
         retries: &mut Retries,
     ) -> Step<Infallible, T, E> {
@@ -122,14 +123,27 @@ impl Delivery<'_> {
             spec,
             key,
             fingerprint,
+            previous,
             ..
         } = *self;
         let scope = spec.scope;
         // The business effects and the claim go; the failure is recorded below. A
         // rollback that cannot reach the server tells of a lost connection, whatever
         // the handler made of the error it got.
-        let connection_lost =
-            matches!(tx.rollback().await, Err(ref lost) if !counts_as_attempt(lost));
+        let rolled_back = tx.rollback_after_failure().await;
+        if let Ok(Ended::ByBody) = rolled_back {
+            // What the body ran after ending the transaction was committed on its own:
+            // running it again would apply it twice.
+            tracing::warn!(%key, scope, error = %failure_text(&error, idem.config().error_texts()), "the handler's body ended its transaction, then failed; its key is parked");
+            let keys = [
+                Some((key, fingerprint)),
+                previous.map(|previous| (previous, fingerprint)),
+            ];
+            let keys: Vec<_> = keys.into_iter().flatten().collect();
+            park_ended(idem, spec, &keys, xid).await;
+            return Step::Done(Err(Error::TransactionEnded { key }));
+        }
+        let connection_lost = matches!(rolled_back, Err(ref lost) if !counts_as_attempt(lost));
         if is_transient(error.as_std_error()) && retries.wait().await {
             return Step::Again;
         }

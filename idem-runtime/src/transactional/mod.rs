@@ -32,7 +32,8 @@
 //! deferred constraint, a body that swallowed a failed statement) is recorded the same way,
 //! so that a message that can never commit is parked after `max_attempts`; a body that ends
 //! the transaction itself (`COMMIT` or `ROLLBACK`, or `begin()` on its connection) gets
-//! [`Error::TransactionEnded`] and its key is parked (in a batch, every key of the batch: nothing of it runs again). A lost or
+//! [`Error::TransactionEnded`] and its key is parked, whether the body then returns `Ok` or
+//! an error (in a batch, every key of the batch: nothing of it runs again). A lost or
 //! killed connection, a server shutdown, a lock timeout is not the message's fault and
 //! counts no attempt, in the body or at the commit; a serialization failure or deadlock is
 //! run again a few times, and counts once it persists.
@@ -168,7 +169,7 @@ where
                     .commit(tx, xid, value, &codec, &at_commit, &mut kill, &mut retries)
                     .await
             }
-            Err(error) => delivery.fail(tx, error, &mut retries).await,
+            Err(error) => delivery.fail(tx, xid, error, &mut retries).await,
         };
         match step {
             Step::Go(never) => match never {},

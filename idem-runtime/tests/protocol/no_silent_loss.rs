@@ -968,6 +968,88 @@ async fn a_batch_whose_body_ends_the_transaction_parks_its_keys_and_applies_noth
     }
 }
 
+/// Ends idem's transaction with sqlx's nested `begin()` and its rollback, writes an
+/// effect (committed on its own), then fails.
+#[idempotent(key = "order_id", scope = "ended_then_failed")]
+async fn end_then_fail(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    use sqlx::Connection;
+    let inner = tx.begin().await?;
+    inner.rollback().await?;
+    testing::insert_effect(tx, event).await?;
+    Err(sqlx::Error::RowNotFound)
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_body_that_ends_the_transaction_then_fails_is_parked_not_run_again(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    let event = testing::paid("o-ended-failed", 1);
+    let error = end_then_fail(&idem, &event).await.unwrap_err();
+    assert!(matches!(error, Error::TransactionEnded { .. }), "{error:?}");
+    assert_eq!(error.disposition(), Disposition::DeadLetter);
+    assert_eq!(effects(&pool).await, 1);
+    assert_eq!(
+        status(&idem, "ended_then_failed", "o-ended-failed").await,
+        Status::Parked
+    );
+    let error = end_then_fail(&idem, &event).await.unwrap_err();
+    assert!(matches!(error, Error::Parked { .. }), "{error:?}");
+    assert_eq!(effects(&pool).await, 1);
+}
+
+#[idempotent(key = "order_id", scope = "ended_then_failed_batch", batch = true)]
+async fn end_then_fail_line(tx: &mut PgConnection, line: &Line) -> Result<(), sqlx::Error> {
+    testing::insert_effect(tx, &testing::paid(&line.order_id, 1)).await?;
+    if let Some(statement) = line.end {
+        sqlx::query(statement).execute(&mut *tx).await?;
+        testing::insert_effect(tx, &testing::paid(&line.order_id, 2)).await?;
+        return Err(sqlx::Error::RowNotFound);
+    }
+    Ok(())
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_batch_whose_body_ends_the_transaction_then_fails_runs_nothing_again(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    for end in ["ROLLBACK", "COMMIT"] {
+        let line = |n: &str, ends: bool| Line {
+            order_id: format!("failed-{end}-{n}"),
+            end: ends.then_some(end),
+        };
+        let batch = [line("1", false), line("2", true), line("3", false)];
+        for outcome in &end_then_fail_line_batch(&idem, &batch).await {
+            assert!(
+                matches!(outcome, Err(Error::TransactionEnded { .. })),
+                "{end}: {outcome:?}"
+            );
+        }
+        for outcome in &end_then_fail_line_batch(&idem, &batch).await {
+            assert!(
+                matches!(outcome, Err(Error::Parked { .. })),
+                "{end}: {outcome:?}"
+            );
+        }
+        let applied: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT order_id, count(*) FROM order_effects WHERE order_id LIKE $1 \
+             GROUP BY order_id ORDER BY order_id",
+        )
+        .bind(format!("failed-{end}-%"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        // ROLLBACK: only what line 2 wrote after it (committed on its own); COMMIT: line
+        // 1's and line 2's first effect with it, then line 2's second. Never twice a run.
+        let expected: &[(&str, i64)] = match end {
+            "ROLLBACK" => &[("2", 1)],
+            _ => &[("1", 1), ("2", 2)],
+        };
+        let expected: Vec<(String, i64)> = expected
+            .iter()
+            .map(|(n, count)| (format!("failed-{end}-{n}"), *count))
+            .collect();
+        assert_eq!(applied, expected, "{end}");
+    }
+}
+
 // ---- Two processes of one crate: handlers sharing a scope are refused there too.
 
 #[sqlx::test(migrations = false)]
