@@ -60,8 +60,9 @@ pub struct Relay {
     owner: Uuid,
     settings: RelayBuilder,
     stats: Arc<RelayStats>,
-    /// What the broker said of topics lately: whether each exists, and when it said so.
-    topics: std::sync::Mutex<std::collections::HashMap<String, (Instant, bool)>>,
+    /// What the broker said of topics lately: whether each is missing (`None`: no answer),
+    /// and when it said so.
+    topics: std::sync::Mutex<std::collections::HashMap<String, (Instant, Option<bool>)>>,
     /// Tests only (`test-util`): stop as a crash would, after the broker acknowledged a
     /// round's records and before they are marked sent.
     killed: Arc<AtomicBool>,
@@ -423,12 +424,13 @@ impl Relay {
             });
         }
         let limit = self.settings.batch as i64;
-        let pending = self
+        let mut pending = self
             .alone(async |conn, schema| store::pending(conn, schema, held, limit).await)
             .await?;
         let more = pending
             .iter()
             .any(|(_, records)| records.len() == self.settings.batch);
+        self.park_missing_topics(&mut pending).await?;
         let settled = futures_util::future::join_all(
             pending
                 .into_iter()
@@ -457,6 +459,51 @@ impl Relay {
             .set(oldest.map_or(0.0, |age| age.as_secs_f64()));
         }
         Ok(Round { more, unavailable })
+    }
+
+    /// Parks, before anything is produced, the records of topics that the broker says do
+    /// not exist (and takes them out of `pending`): handed to the producer, such a record
+    /// would wait for the topic until `message.timeout.ms`, and the round, every shard's
+    /// records with it, would wait that long. A broker that creates topics on demand
+    /// answers with the topic.
+    async fn park_missing_topics(
+        &self,
+        pending: &mut [(i16, Vec<Pending>)],
+    ) -> Result<(), sqlx::Error> {
+        let mut missing = Vec::new();
+        for (_, records) in pending.iter_mut() {
+            let mut kept = Vec::with_capacity(records.len());
+            for record in std::mem::take(records) {
+                if self.topic_unknown(&record.topic).await {
+                    missing.push((record.id, missing_topic(&record.topic, "")));
+                } else {
+                    kept.push(record);
+                }
+            }
+            *records = kept;
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        for (id, _) in &missing {
+            tracing::warn!(
+                id,
+                "an outbox record's topic does not exist; the record is parked"
+            );
+        }
+        let count = missing.len() as u64;
+        self.alone(async |conn, schema| {
+            for (id, text) in &missing {
+                store::record_failure(conn, schema, *id, text, true).await?;
+            }
+            Ok(())
+        })
+        .await?;
+        self.stats.failed.fetch_add(count, Ordering::Relaxed);
+        self.stats.parked.fetch_add(count, Ordering::Relaxed);
+        metrics::counter!("idem_outbox_relay_errors_total", "kind" => "publish").increment(count);
+        metrics::counter!("idem_outbox_parked_total").increment(count);
+        Ok(())
     }
 
     /// Hands one shard's records (in order) to the producer; stops at the first that its
@@ -551,13 +598,9 @@ impl Relay {
                     continue;
                 }
                 Failure::Record(for_good) => (for_good || last_try, error.to_string()),
-                Failure::MissingTopic => (
-                    true,
-                    format!(
-                        "the topic {:?} does not exist, the broker says ({error})",
-                        record.topic
-                    ),
-                ),
+                Failure::MissingTopic => {
+                    (true, missing_topic(&record.topic, &format!(" ({error})")))
+                }
             };
             let text = storable_text_of(&text, 2000);
             tracing::warn!(id = record.id, topic = %record.topic, %error, park = fate, "an outbox record was not published");
@@ -614,17 +657,24 @@ impl Relay {
     }
 
     /// Whether the broker answers that `topic` does not exist (a broker out of reach
-    /// answers nothing: `false`). An answer, or its absence, stands for ten seconds.
+    /// answers nothing: `false`). That it exists stands for a minute, no answer for ten
+    /// seconds, that it does not for a second (a topic created meanwhile takes its
+    /// records at once).
     async fn topic_unknown(&self, topic: &str) -> bool {
         let lock = || {
             self.topics
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
         };
-        if let Some((at, unknown)) = lock().get(topic)
-            && at.elapsed() < Duration::from_secs(10)
-        {
-            return *unknown;
+        if let Some((at, unknown)) = lock().get(topic) {
+            let stands = match unknown {
+                Some(true) => Duration::from_secs(1),
+                Some(false) => Duration::from_secs(60),
+                None => Duration::from_secs(10),
+            };
+            if at.elapsed() < stands {
+                return unknown.unwrap_or(false);
+            }
         }
         let producer = self.producer.clone();
         let name = topic.to_owned();
@@ -647,10 +697,14 @@ impl Relay {
         .ok()
         .flatten();
         // No answer (the broker is out of reach) stands as "not known to be missing".
-        let unknown = answer.unwrap_or(false);
-        lock().insert(topic.to_owned(), (Instant::now(), unknown));
-        unknown
+        lock().insert(topic.to_owned(), (Instant::now(), answer));
+        answer.unwrap_or(false)
     }
+}
+
+/// The error stored with a record parked because its topic does not exist.
+fn missing_topic(topic: &str, detail: &str) -> String {
+    format!("the topic {topic:?} does not exist, the broker says{detail}")
 }
 
 /// Whose failure a publication's error is (see [`Relay::failure_of`]).
