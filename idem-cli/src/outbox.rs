@@ -14,7 +14,7 @@ use crate::output::{Output, table};
 pub struct OutboxArgs {
     /// The schema of idem-kafka's tables (default: the status table's schema followed by
     /// `_kafka`).
-    #[arg(long)]
+    #[arg(long, global = true)]
     outbox_schema: Option<String>,
     #[command(subcommand)]
     action: Option<OutboxAction>,

@@ -1030,6 +1030,23 @@ async fn outbox_shows_the_lag_lists_parked_records_and_puts_one_back(pool: PgPoo
             .stdout
             .contains("MessageSizeTooLarge")
     );
+    // The outbox's schema is named before or after the action.
+    for args in [
+        &["outbox", "--outbox-schema", "idem_kafka", "parked"][..],
+        &["outbox", "parked", "--outbox-schema", "idem_kafka"][..],
+    ] {
+        let named = ok(idem(&url, args));
+        assert!(
+            named.stdout.contains("MessageSizeTooLarge"),
+            "{args:?}: {}",
+            named.stdout
+        );
+    }
+    let elsewhere = idem(
+        &url,
+        &["outbox", "parked", "--outbox-schema", "nowhere_kafka"],
+    );
+    assert_eq!(elsewhere.code, 5, "{}", elsewhere.stderr);
 
     let unknown = idem(&url, &["outbox", "retry", "999999"]);
     assert_eq!(unknown.code, 6, "{}", unknown.stderr);

@@ -129,7 +129,8 @@ impl ConsumerBuilder {
             .schema
             .take()
             .unwrap_or_else(|| Schema::for_idem(&idem))
-            .behind(&idem);
+            .behind(&idem)
+            .checked()?;
         settings.schema = Some(schema.clone());
         Consumer::create(
             idem,

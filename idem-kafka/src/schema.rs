@@ -32,6 +32,14 @@ pub struct Schema {
 
 impl Schema {
     /// The default schema for `idem`'s status table: its schema followed by `_kafka`.
+    ///
+    /// A schema name has at most 48 characters: when idem's has more than 42, this one
+    /// is too long, and the builders that default to it ([`ConsumerBuilder::build`],
+    /// [`RelayBuilder::build`]) refuse it with [`ConsumerError::Config`]; name one with
+    /// [`Schema::named`].
+    ///
+    /// [`ConsumerBuilder::build`]: crate::ConsumerBuilder::build
+    /// [`RelayBuilder::build`]: crate::outbox::RelayBuilder::build
     pub fn for_idem(idem: &Idem) -> Self {
         Schema {
             name: format!("{}_kafka", idem.config().schema()).into(),
@@ -49,6 +57,19 @@ impl Schema {
             name: name.as_str().into(),
             prepared: true,
         })
+    }
+
+    /// The schema, if its name is a valid one (see [`Schema::for_idem`] for the one case
+    /// where it is not).
+    pub(crate) fn checked(self) -> Result<Self, ConsumerError> {
+        match Identifier::new(&self.name) {
+            Ok(_) => Ok(self),
+            Err(_) => Err(ConsumerError::Config(format!(
+                "idem-kafka's schema would be {:?}, longer than a schema name's 48 characters \
+                 (idem's schema followed by `_kafka`): name one with Schema::named",
+                self.name
+            ))),
+        }
     }
 
     /// The schema as `idem`'s pool reaches it: behind a transaction pooler
@@ -78,4 +99,36 @@ pub async fn migrate(idem: &Idem, schema: &Schema) -> Result<(), ConsumerError> 
     let name = Identifier::new(schema.as_str())
         .map_err(|error| ConsumerError::Config(error.to_string()))?;
     Ok(idem_runtime::migrations::migrate_schema(idem.pool(), &name, &MIGRATOR).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn idem_in(schema: &str) -> Idem {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://localhost/none")
+            .unwrap();
+        Idem::builder(pool).schema(schema).build().unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_default_schema_of_a_long_idem_schema_is_refused_by_name() {
+        let fits = "s".repeat(42);
+        assert_eq!(
+            Schema::for_idem(&idem_in(&fits))
+                .checked()
+                .unwrap()
+                .as_str(),
+            format!("{fits}_kafka")
+        );
+        let long = "s".repeat(43);
+        let error = Schema::for_idem(&idem_in(&long)).checked().unwrap_err();
+        assert!(error.to_string().contains("Schema::named"), "{error}");
+        let refused = crate::outbox::Relay::builder("127.0.0.1:9")
+            .build(&idem_in(&long))
+            .err()
+            .expect("refused");
+        assert!(refused.to_string().contains("Schema::named"), "{refused}");
+    }
 }

@@ -185,7 +185,7 @@ impl RelayBuilder {
         let producer: FutureProducer = config.create()?;
         let schema = match &self.schema {
             Some(schema) => schema.clone().behind(idem),
-            None => Schema::for_idem(idem),
+            None => Schema::for_idem(idem).checked()?,
         };
         let database = idem
             .pool()
