@@ -770,3 +770,20 @@ fn the_brokers(code: RDKafkaErrorCode) -> bool {
             | RDKafkaErrorCode::ThrottlingQuotaExceeded
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_default_schema_of_a_long_idem_schema_is_refused_by_name() {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://localhost/none")
+            .unwrap();
+        let idem = Idem::builder(pool).schema("s".repeat(43)).build().unwrap();
+        let Err(refused) = Relay::builder("127.0.0.1:9").build(&idem) else {
+            panic!("the relay's builder took a schema name of 49 characters");
+        };
+        assert!(refused.to_string().contains("Schema::named"), "{refused}");
+    }
+}
