@@ -25,8 +25,8 @@
 //! pool, outside any transaction of idem (a different database would do as well), one
 //! row per idempotency key, with the number of calls and the first and last token.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idem_runtime::lease::Lease;
@@ -141,6 +141,7 @@ struct ServiceInner {
     settings: ServiceSettings,
     delivered: AtomicU64,
     crashed: AtomicBool,
+    crashed_key: OnceLock<IdempotencyKey>,
 }
 
 impl NotificationService {
@@ -169,6 +170,7 @@ impl NotificationService {
                 settings,
                 delivered: AtomicU64::new(0),
                 crashed: AtomicBool::new(false),
+                crashed_key: OnceLock::new(),
             }),
         })
     }
@@ -181,6 +183,11 @@ impl NotificationService {
     /// Whether the simulated crash happened.
     pub fn crashed(&self) -> bool {
         self.inner.crashed.load(Ordering::SeqCst)
+    }
+
+    /// The key whose notification went out right before the simulated crash.
+    pub fn crashed_key(&self) -> Option<IdempotencyKey> {
+        self.inner.crashed_key.get().copied()
     }
 
     /// Sends the "payment received" notification of `event`, once per `key`: a repeated
@@ -226,6 +233,7 @@ impl NotificationService {
             && let Some((after, crash)) = inner.settings.crash_after
             && inner.delivered.fetch_add(1, Ordering::SeqCst) + 1 == after
         {
+            let _ = inner.crashed_key.set(key);
             inner.crashed.store(true, Ordering::SeqCst);
             tracing::error!(
                 %key, order_id = %event.order_id, ?crash,
