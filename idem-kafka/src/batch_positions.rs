@@ -7,6 +7,7 @@ use idem_runtime::{Idem, IdempotencyKey};
 use sqlx::PgConnection;
 
 use crate::position::Position;
+use crate::progress::PositionRow;
 
 /// The positions of a batch (offsets in PostgreSQL), for a batch handler to store in its
 /// transaction with [`store_once`](Self::store_once).
@@ -96,9 +97,25 @@ impl BatchPositions {
                 *stopped = true;
             }
         }
-        let rows: Vec<(String, i32, i64)> = reached
+        // Each partition's floor: the lowest of its positions' (the consumer hands out
+        // one floor per partition for a batch).
+        let rows: Vec<PositionRow> = reached
             .into_iter()
-            .map(|((topic, partition), (next, _))| (topic.to_owned(), partition, next))
+            .map(|((topic, partition), (next, _))| {
+                let floor = self
+                    .positions
+                    .iter()
+                    .filter(|position| position.topic == topic && position.partition == partition)
+                    .map(|position| position.floor)
+                    .min()
+                    .unwrap_or(-1);
+                PositionRow {
+                    topic: topic.to_owned(),
+                    partition,
+                    next_offset: next,
+                    floor,
+                }
+            })
             .collect();
         crate::store::store_positions(conn, &first.schema, &first.group, &rows).await
     }

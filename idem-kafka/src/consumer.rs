@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_runtime::Idem;
-use rdkafka::ClientConfig;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 use crate::context::GroupContext;
 use crate::delivery::Delivery;
@@ -19,6 +19,7 @@ use crate::error::ConsumerError;
 use crate::fate::Fate;
 use crate::handler::Handler;
 use crate::offset_store::OffsetStore;
+use crate::position_behind::PositionBehind;
 use crate::schema::{self, Schema};
 use crate::settings::Settings;
 use crate::stats::Stats;
@@ -105,6 +106,7 @@ impl<H: Handler> Consumer<H> {
             group: settings.group.clone(),
             offsets: settings.offsets,
             schema: schema.clone(),
+            progress: consumer.context().progress.clone(),
         };
         Ok(Consumer {
             consumer,
@@ -239,6 +241,12 @@ impl<H: Handler> Consumer<H> {
                 attempt = 0;
                 self.save_progress().await;
             }
+            // The failure may be the database's having gone back (a failover): then the
+            // messages waiting here are read again from the stored positions.
+            let waiting: Vec<&Delivery> = pending.iter().map(|item| &item.delivery).collect();
+            if self.go_back_if_behind(&waiting).await {
+                return true;
+            }
             attempt += 1;
             self.stats.retried(in_progress);
             let at = &pending[0].delivery;
@@ -267,62 +275,167 @@ impl<H: Handler> Consumer<H> {
                 Fate::Executed => self.dispatch.handler.stores_position(),
                 _ => false,
             };
-        self.consumer
-            .context()
-            .processed(&at.topic, at.partition, at.offset, stored_in_tx);
+        self.consumer.context().progress.processed(
+            &at.topic,
+            at.partition,
+            at.offset,
+            stored_in_tx,
+        );
         self.stats
             .processed(&at.topic, at.partition, at.offset, fate);
     }
 
     /// Stores the processed positions that are not stored yet (Postgres variant) and
-    /// commits them to Kafka, without waiting for the broker.
+    /// commits them to Kafka, without waiting for the broker. Postgres variant: when there
+    /// was nothing to store, or storing failed, reads the stored positions back, and goes
+    /// back to them where the database went back (a failover while this member had
+    /// nothing to write would otherwise go unseen).
     async fn save_progress(&self) {
-        if self.store_progress().await {
-            let context = self.consumer.context();
-            context.commit(&self.consumer, CommitMode::Async);
+        match self.store_progress().await {
+            Stored::Written => {}
+            Stored::Nothing => {
+                self.go_back_if_behind(&[]).await;
+            }
+            Stored::Failed => {
+                self.go_back_if_behind(&[]).await;
+                return;
+            }
+        }
+        let context = self.consumer.context();
+        context.commit(&self.consumer, CommitMode::Async);
+    }
+
+    /// Postgres variant: stores the processed positions that are not stored yet. Kafka's
+    /// committed offsets never go ahead of PostgreSQL: not after [`Stored::Failed`].
+    async fn store_progress(&self) -> Stored {
+        let context = self.consumer.context();
+        if context.killed() {
+            return Stored::Failed;
+        }
+        if self.settings.offsets != OffsetStore::Postgres {
+            return Stored::Written;
+        }
+        let pending = context.progress.unstored();
+        if pending.is_empty() {
+            return Stored::Nothing;
+        }
+        // In a task of its own: a transaction that `alone` begins must not be dropped while
+        // `BEGIN` is in flight (sqlx 0.8 would hand its connection back to the pool
+        // inside it).
+        let stored = tokio::spawn({
+            let (pool, schema) = (self.idem.pool().clone(), self.schema.clone());
+            let (group, pending) = (self.settings.group.clone(), pending.clone());
+            async move {
+                let mut conn = pool.acquire().await?;
+                store::alone(&mut conn, &schema, async |conn| {
+                    store::store_positions(conn, &schema, &group, &pending).await
+                })
+                .await
+            }
+        })
+        .await
+        .unwrap_or_else(|joined| Err(sqlx::Error::Io(std::io::Error::other(joined))));
+        match stored {
+            Ok(()) => {
+                context.progress.confirm(&pending);
+                Stored::Written
+            }
+            Err(error) => {
+                tracing::warn!(%error, "storing offsets in postgres failed; retrying at the next commit");
+                context.progress.unstore(&pending);
+                Stored::Failed
+            }
         }
     }
 
-    /// Postgres variant: stores the processed positions that are not stored yet. Returns
-    /// whether the positions may be committed to Kafka (never ahead of PostgreSQL).
-    async fn store_progress(&self) -> bool {
-        let context = self.consumer.context();
-        if context.killed() {
+    /// Postgres variant: reads the positions stored for the topic and, for each partition
+    /// whose stored position is behind one this member saw committed (the database lost
+    /// commits: a failover to a standby that lagged, a restore), starts that partition over
+    /// from the stored position, so that the messages whose effects were lost are handled
+    /// again (the others are duplicates). `waiting`: messages taken off the consumer and
+    /// not done with, which are then dropped and read again. Returns whether it went back.
+    async fn go_back_if_behind(&self, waiting: &[&Delivery]) -> bool {
+        let progress = &self.consumer.context().progress;
+        if self.settings.offsets != OffsetStore::Postgres || !progress.knows_stored() {
             return false;
         }
-        if self.settings.offsets == OffsetStore::Postgres {
-            let pending = context.unstored();
-            if !pending.is_empty() {
-                // In a task of its own: a transaction that `alone` begins must not be
-                // dropped while `BEGIN` is in flight (sqlx 0.8 would hand its connection
-                // back to the pool inside it).
-                let stored = tokio::spawn({
-                    let (pool, schema) = (self.idem.pool().clone(), self.schema.clone());
-                    let (group, pending) = (self.settings.group.clone(), pending.clone());
-                    async move {
-                        let mut conn = pool.acquire().await?;
-                        store::alone(&mut conn, &schema, async |conn| {
-                            store::store_positions(conn, &schema, &group, &pending).await
-                        })
-                        .await
-                    }
-                });
-                let stored = stored
-                    .await
-                    .unwrap_or_else(|joined| Err(sqlx::Error::Io(std::io::Error::other(joined))));
-                if let Err(error) = stored {
-                    tracing::warn!(%error, "storing offsets in postgres failed; retrying at the next commit");
-                    context.unstore(&pending);
-                    return false;
-                }
+        // In a task of its own, as in `store_progress`.
+        let stored = tokio::spawn({
+            let (pool, schema) = (self.idem.pool().clone(), self.schema.clone());
+            let (group, topic) = (self.settings.group.clone(), self.settings.topic.clone());
+            async move {
+                let mut conn = pool.acquire().await?;
+                store::alone(&mut conn, &schema, async |conn| {
+                    store::stored_offsets(conn, &schema, &group, &topic).await
+                })
+                .await
             }
+        })
+        .await
+        .unwrap_or_else(|joined| Err(sqlx::Error::Io(std::io::Error::other(joined))));
+        let stored = match stored {
+            Ok(stored) => stored,
+            Err(error) => {
+                tracing::debug!(%error, "cannot read the stored offsets back; checking again later");
+                return false;
+            }
+        };
+        let topic = &self.settings.topic;
+        let behind = progress.behind(topic, &stored);
+        if behind.is_empty() {
+            return false;
+        }
+        let mut seek = TopicPartitionList::new();
+        for gone in &behind {
+            let error = PositionBehind {
+                topic: topic.clone(),
+                partition: gone.partition,
+                stored: gone.stored,
+                known: gone.known,
+            };
+            tracing::warn!(
+                topic = %topic, partition = gone.partition, stored = ?gone.stored, known = gone.known,
+                "{error}"
+            );
+            metrics::counter!("idem_kafka_position_rewinds_total", "topic" => topic.clone())
+                .increment(1);
+            progress.rewind(topic, gone.partition, gone.stored);
+            self.stats
+                .rewound(topic, gone.partition, gone.stored.unwrap_or(0));
+            let offset = gone.stored.map_or(Offset::Beginning, Offset::Offset);
+            seek.add_partition_offset(topic, gone.partition, offset)
+                .ok();
+        }
+        // The other partitions of the messages dropped: read again from the first of them.
+        let mut firsts: Vec<(&str, i32, i64)> = Vec::new();
+        for delivery in waiting {
+            if behind
+                .iter()
+                .any(|gone| delivery.topic == *topic && gone.partition == delivery.partition)
+            {
+                continue;
+            }
+            match firsts
+                .iter_mut()
+                .find(|(t, p, _)| *t == delivery.topic && *p == delivery.partition)
+            {
+                Some(first) => first.2 = first.2.min(delivery.offset),
+                None => firsts.push((&delivery.topic, delivery.partition, delivery.offset)),
+            }
+        }
+        for (t, partition, offset) in firsts {
+            seek.add_partition_offset(t, partition, Offset::Offset(offset))
+                .ok();
+        }
+        // Without waiting: the seek's barrier drops what was fetched before it at once.
+        if let Err(error) = self.consumer.seek_partitions(seek, Duration::ZERO) {
+            tracing::warn!(%error, "seeking back to the stored offsets failed");
         }
         true
     }
-
     /// Saves the progress (synchronously) and leaves the group.
     async fn close(self) -> Result<(), ConsumerError> {
-        let commit_too = self.store_progress().await;
+        let commit_too = self.store_progress().await != Stored::Failed;
         let Consumer {
             consumer, settings, ..
         } = self;
@@ -337,4 +450,15 @@ impl<H: Handler> Consumer<H> {
         .await?;
         Ok(())
     }
+}
+
+/// What storing the processed positions did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    /// Stored (or nothing to store: offsets in Kafka).
+    Written,
+    /// Offsets in PostgreSQL, and nothing new to store.
+    Nothing,
+    /// Not stored (or killed): nothing may be committed to Kafka.
+    Failed,
 }

@@ -1,8 +1,6 @@
 //! The rdkafka context of a consumer: partition progress, rebalances and commits.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -16,8 +14,8 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 
 use crate::offset_store::OffsetStore;
+use crate::progress::{Pending, PositionRow, Progress};
 use crate::schema::Schema;
-use crate::stats::lock;
 use crate::store;
 
 /// The rdkafka context: rebalance handling and the processed offsets.
@@ -25,22 +23,10 @@ pub(crate) struct GroupContext {
     pub group: String,
     pub offsets: OffsetStore,
     pub schema: Schema,
-    progress: Mutex<HashMap<(String, i32), PartitionProgress>>,
+    pub progress: Arc<Progress>,
     pub killed: Arc<AtomicBool>,
     database: PgConnectOptions,
 }
-
-/// What is known of one partition: processed up to `next`, committed to Kafka up to
-/// `committed`, stored in PostgreSQL up to `stored` (`-1`: nothing yet).
-#[derive(Debug, Clone, Copy)]
-struct PartitionProgress {
-    next: i64,
-    committed: i64,
-    stored: i64,
-}
-
-/// Positions not stored yet: topic, partition, next offset.
-pub(crate) type Pending = Vec<(String, i32, i64)>;
 
 impl GroupContext {
     pub fn new(
@@ -53,7 +39,7 @@ impl GroupContext {
             group,
             offsets,
             schema,
-            progress: Mutex::default(),
+            progress: Arc::default(),
             killed: Arc::new(AtomicBool::new(false)),
             database,
         }
@@ -63,85 +49,22 @@ impl GroupContext {
         self.killed.load(Ordering::SeqCst)
     }
 
-    /// A message is done with; `stored`: its position is stored in PostgreSQL already.
-    pub fn processed(&self, topic: &str, partition: i32, offset: i64, stored: bool) {
-        let mut progress = lock(&self.progress);
-        let entry = progress
-            .entry((topic.to_owned(), partition))
-            .or_insert(PartitionProgress {
-                next: -1,
-                committed: -1,
-                stored: -1,
-            });
-        entry.next = entry.next.max(offset + 1);
-        if stored {
-            entry.stored = entry.stored.max(offset + 1);
-        }
-    }
-
-    /// The processed positions not committed to Kafka yet; marks them committed.
-    fn uncommitted(&self) -> TopicPartitionList {
-        let mut list = TopicPartitionList::new();
-        for ((topic, partition), entry) in lock(&self.progress).iter_mut() {
-            if entry.next > entry.committed {
-                // A partition that is not in the list is not committed: ignore the error.
-                list.add_partition_offset(topic, *partition, Offset::Offset(entry.next))
-                    .ok();
-                entry.committed = entry.next;
-            }
-        }
-        list
-    }
-
-    /// Marks the positions of `list` as not committed, to retry them.
-    fn uncommit(&self, list: &TopicPartitionList) {
-        let mut progress = lock(&self.progress);
-        for element in list.elements() {
-            if let Some(entry) =
-                progress.get_mut(&(element.topic().to_owned(), element.partition()))
-            {
-                entry.committed = -1;
-            }
-        }
-    }
-
-    /// The processed positions not stored in PostgreSQL yet; marks them stored.
-    pub fn unstored(&self) -> Pending {
-        let mut pending = Vec::new();
-        for ((topic, partition), entry) in lock(&self.progress).iter_mut() {
-            if entry.next > entry.stored {
-                pending.push((topic.clone(), *partition, entry.next));
-                entry.stored = entry.next;
-            }
-        }
-        pending
-    }
-
-    /// Marks `pending` as not stored, to retry them.
-    pub fn unstore(&self, pending: &Pending) {
-        let mut progress = lock(&self.progress);
-        for (topic, partition, _) in pending {
-            if let Some(entry) = progress.get_mut(&(topic.clone(), *partition)) {
-                entry.stored = -1;
-            }
-        }
-    }
-
     /// Commits the processed positions not committed yet to Kafka (unless killed).
     pub fn commit(&self, consumer: &impl rdkafka::consumer::Consumer<Self>, mode: CommitMode) {
         if self.killed() {
             return;
         }
-        let to_commit = self.uncommitted();
+        let to_commit = self.progress.uncommitted();
         if to_commit.count() > 0
             && let Err(error) = consumer.commit(&to_commit, mode)
         {
             tracing::warn!(%error, "committing offsets to kafka failed; retrying at the next commit");
-            self.uncommit(&to_commit);
+            self.progress.uncommit(&to_commit);
         }
     }
 
-    /// Postgres variant, on assignment: start each partition at its stored offset.
+    /// Postgres variant, on assignment: start each partition at its stored offset, and
+    /// remember it as what PostgreSQL holds (the floor of the positions stored later).
     ///
     /// If the offsets cannot be read, the partitions start at Kafka's committed offsets,
     /// which are never ahead of the stored ones: more duplicates, nothing skipped.
@@ -164,6 +87,8 @@ impl GroupContext {
             match self.on_side_thread(load) {
                 Ok(stored) => {
                     for (_, partition) in partitions.iter().filter(|(t, _)| t == topic) {
+                        self.progress
+                            .assigned(topic, *partition, stored.get(partition).copied());
                         if let Some(&next) = stored.get(partition) {
                             assignment
                                 .set_partition_offset(topic, *partition, Offset::Offset(next))
@@ -177,10 +102,15 @@ impl GroupContext {
                         }
                     }
                 }
-                Err(error) => tracing::warn!(
-                    topic, %error,
-                    "cannot read the stored offsets; starting at kafka's committed offsets (duplicates, nothing skipped)"
-                ),
+                Err(error) => {
+                    for (_, partition) in partitions.iter().filter(|(t, _)| t == topic) {
+                        self.progress.assigned(topic, *partition, None);
+                    }
+                    tracing::warn!(
+                        topic, %error,
+                        "cannot read the stored offsets; starting at kafka's committed offsets (duplicates, nothing skipped)"
+                    )
+                }
             }
         }
     }
@@ -193,12 +123,7 @@ impl GroupContext {
             .iter()
             .map(|element| (element.topic().to_owned(), element.partition()))
             .collect();
-        let entries: Vec<((String, i32), PartitionProgress)> = {
-            let mut progress = lock(&self.progress);
-            keys.iter()
-                .filter_map(|key| progress.remove(key).map(|entry| (key.clone(), entry)))
-                .collect()
-        };
+        let entries = self.progress.remove(&keys);
         if self.killed() {
             return;
         }
@@ -206,7 +131,12 @@ impl GroupContext {
             let pending: Pending = entries
                 .iter()
                 .filter(|(_, entry)| entry.next > entry.stored)
-                .map(|((topic, partition), entry)| (topic.clone(), *partition, entry.next))
+                .map(|((topic, partition), entry)| PositionRow {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    next_offset: entry.next,
+                    floor: entry.confirmed,
+                })
                 .collect();
             if !pending.is_empty() {
                 let store = async |conn: &mut PgConnection| {
@@ -319,7 +249,7 @@ impl ConsumerContext for GroupContext {
             }
             other => {
                 tracing::error!(error = ?other, "rebalance failed; dropping the assignment");
-                lock(&self.progress).clear();
+                self.progress.clear();
                 base.unassign().ok();
             }
         }
@@ -328,7 +258,7 @@ impl ConsumerContext for GroupContext {
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
         if let Err(error) = result {
             tracing::debug!(%error, "an offset commit failed; retrying at the next commit");
-            self.uncommit(offsets);
+            self.progress.uncommit(offsets);
         }
     }
 }

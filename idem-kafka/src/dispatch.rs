@@ -2,6 +2,8 @@
 //! dead letters (with the position after them, offsets in PostgreSQL). Knows nothing of
 //! the Kafka client: the consumer's loop receives, retries and commits around it.
 
+use std::sync::Arc;
+
 use idem_runtime::{ErrorChain, Idem};
 use tracing::Instrument;
 
@@ -11,6 +13,7 @@ use crate::handler::Handler;
 use crate::offset_store::OffsetStore;
 use crate::outbox::{TRACE_HEADER, TraceContext};
 use crate::position::Position;
+use crate::progress::Progress;
 use crate::received::Received;
 use crate::schema::Schema;
 use crate::store;
@@ -40,6 +43,8 @@ pub(crate) struct Dispatcher<H> {
     pub group: String,
     pub offsets: OffsetStore,
     pub schema: Schema,
+    /// The member's progress: the floors of the positions handed out.
+    pub progress: Arc<Progress>,
 }
 
 impl<H: Handler> Dispatcher<H> {
@@ -263,7 +268,7 @@ impl<H: Handler> Dispatcher<H> {
         }
     }
 
-    /// The position after `delivery`.
+    /// The position after `delivery`, guarded by what the member knows PostgreSQL holds.
     fn position(&self, delivery: &Delivery) -> Position {
         Position::new(
             &self.schema,
@@ -272,5 +277,6 @@ impl<H: Handler> Dispatcher<H> {
             delivery.partition,
             delivery.offset + 1,
         )
+        .with_floor(self.progress.floor(&delivery.topic, delivery.partition))
     }
 }

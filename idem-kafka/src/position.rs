@@ -2,6 +2,7 @@
 
 use sqlx::PgConnection;
 
+use crate::progress::PositionRow;
 use crate::schema::Schema;
 
 /// The position of a consumer group in a partition after a message: the offset to read
@@ -20,6 +21,9 @@ pub struct Position {
     /// The offset to read next (the message's offset + 1).
     pub next_offset: i64,
     pub(crate) schema: Schema,
+    /// The stored position the consumer knew PostgreSQL held when it handed this one out
+    /// (`-1`: none known): storing finds out whether the database went back.
+    pub(crate) floor: i64,
 }
 
 impl Position {
@@ -38,20 +42,37 @@ impl Position {
             partition,
             next_offset,
             schema: schema.clone(),
+            floor: -1,
         }
+    }
+
+    /// The same position, guarded by `floor` (see [`PositionBehind`](crate::PositionBehind)).
+    pub(crate) fn with_floor(mut self, floor: i64) -> Self {
+        self.floor = floor;
+        self
     }
 
     /// Records the position on `conn`, typically inside the handler's transaction.
     ///
     /// Positions only move forward: a late write of an older position (a consumer that
     /// lost the partition finishing its last message) leaves a newer one in place.
+    ///
+    /// A position handed out by the consumer fails with [`PositionBehind`](crate::PositionBehind) (inside
+    /// [`sqlx::Error::Io`]) when the stored position is behind one this member saw
+    /// committed: the database lost commits. Return the error from the handler's body
+    /// (`?`), so that its transaction rolls back; the consumer then goes back to the
+    /// stored positions, and no attempt of the message is counted.
     pub async fn store(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        crate::store::store_positions(
-            conn,
-            &self.schema,
-            &self.group,
-            &[(self.topic.clone(), self.partition, self.next_offset)],
-        )
-        .await
+        crate::store::store_positions(conn, &self.schema, &self.group, &[self.row()]).await
+    }
+
+    /// As the store writes it.
+    pub(crate) fn row(&self) -> PositionRow {
+        PositionRow {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            next_offset: self.next_offset,
+            floor: self.floor,
+        }
     }
 }

@@ -18,6 +18,7 @@ pub struct Stats {
     retries: AtomicU64,
     in_progress: AtomicU64,
     batches: AtomicU64,
+    rewinds: AtomicU64,
     positions: Mutex<HashMap<(String, i32), i64>>,
 }
 
@@ -41,6 +42,9 @@ pub struct Snapshot {
     pub in_progress: u64,
     /// Rounds of the handler that took several messages together.
     pub batches: u64,
+    /// Times a partition went back to the position stored in PostgreSQL because the
+    /// database had lost commits ([`PositionBehind`](crate::PositionBehind)).
+    pub rewinds: u64,
 }
 
 impl Snapshot {
@@ -55,6 +59,7 @@ impl Snapshot {
             retries: self.retries + other.retries,
             in_progress: self.in_progress + other.in_progress,
             batches: self.batches + other.batches,
+            rewinds: self.rewinds + other.rewinds,
         }
     }
 }
@@ -71,6 +76,7 @@ impl Stats {
             retries: self.retries.load(Ordering::Relaxed),
             in_progress: self.in_progress.load(Ordering::Relaxed),
             batches: self.batches.load(Ordering::Relaxed),
+            rewinds: self.rewinds.load(Ordering::Relaxed),
         }
     }
 
@@ -106,6 +112,12 @@ impl Stats {
         let mut positions = lock(&self.positions);
         let next = positions.entry((topic.to_owned(), partition)).or_insert(0);
         *next = (*next).max(offset + 1);
+    }
+
+    /// `topic`/`partition` went back to `next` (the database lost commits).
+    pub(crate) fn rewound(&self, topic: &str, partition: i32, next: i64) {
+        self.rewinds.fetch_add(1, Ordering::Relaxed);
+        lock(&self.positions).insert((topic.to_owned(), partition), next.max(0));
     }
 
     pub(crate) fn retried(&self, in_progress: bool) {

@@ -9,6 +9,7 @@
 mod batch_positions;
 mod batches;
 mod database_outage;
+mod database_went_back;
 mod end_to_end;
 mod examples_start_together;
 mod lease_mode;

@@ -25,6 +25,8 @@ use sqlx::{Connection, PgConnection};
 use crate::dead_letter::DeadLetter;
 use crate::delivery::Delivery;
 use crate::fate::Reason;
+use crate::position_behind::PositionBehind;
+use crate::progress::PositionRow;
 use crate::schema::Schema;
 
 fn offsets_table(schema: &Schema) -> String {
@@ -52,44 +54,92 @@ pub(crate) async fn alone<T>(
     Ok(value)
 }
 
-/// Records several positions (topic, partition, next offset) of one group in one
-/// statement (forward only).
+/// Records several positions of one group in one statement (forward only), each guarded
+/// by its floor: a stored position below the floor (or no row where the floor says one
+/// was committed) means the database lost commits. Such a position is not written, and
+/// the error ([`PositionBehind`], in [`sqlx::Error::Io`]) rolls back the transaction it
+/// was written in: a handler's effects must not commit past messages whose effects were
+/// lost.
 pub(crate) async fn store_positions(
     conn: &mut PgConnection,
     schema: &Schema,
     group: &str,
-    positions: &[(String, i32, i64)],
+    positions: &[PositionRow],
 ) -> Result<(), sqlx::Error> {
     if positions.is_empty() {
         return Ok(());
     }
-    let topics: Vec<&str> = positions
-        .iter()
-        .map(|(topic, _, _)| topic.as_str())
-        .collect();
-    let partitions: Vec<i32> = positions
-        .iter()
-        .map(|(_, partition, _)| *partition)
-        .collect();
-    let offsets: Vec<i64> = positions.iter().map(|(_, _, offset)| *offset).collect();
+    let topics: Vec<&str> = positions.iter().map(|row| row.topic.as_str()).collect();
+    let partitions: Vec<i32> = positions.iter().map(|row| row.partition).collect();
+    let offsets: Vec<i64> = positions.iter().map(|row| row.next_offset).collect();
+    let floors: Vec<i64> = positions.iter().map(|row| row.floor).collect();
     let table = offsets_table(schema);
-    sqlx::query(&format!(
+    // Nothing is written where the floor says a row was committed and there is none, nor
+    // where the row is below the floor: such rows are not returned, and the statement
+    // writes nothing for them even outside a transaction (autocommit).
+    let written: Vec<(String, i32)> = sqlx::query_as(&format!(
         "INSERT INTO {table} AS o (consumer_group, topic, kafka_partition, next_offset)
          SELECT $1, topic, kafka_partition, next_offset
-         FROM unnest($2::text[], $3::int[], $4::bigint[]) AS p(topic, kafka_partition, next_offset)
+         FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[])
+             AS p(topic, kafka_partition, next_offset, floor)
+         WHERE p.floor <= 0 OR EXISTS (
+             SELECT 1 FROM {table} AS s
+             WHERE s.consumer_group = $1 AND s.topic = p.topic AND s.kafka_partition = p.kafka_partition)
          ORDER BY topic, kafka_partition
          ON CONFLICT (consumer_group, topic, kafka_partition) DO UPDATE
          SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset),
-             updated_at = now()"
+             updated_at = now()
+         WHERE o.next_offset >= (
+             SELECT f.floor FROM unnest($2::text[], $3::int[], $5::bigint[]) AS f(topic, kafka_partition, floor)
+             WHERE f.topic = o.topic AND f.kafka_partition = o.kafka_partition LIMIT 1)
+         RETURNING topic, kafka_partition"
     ))
     .bind(group)
     .bind(&topics)
     .bind(&partitions)
     .bind(&offsets)
+    .bind(&floors)
     .persistent(schema.prepared())
-    .execute(conn)
+    .fetch_all(&mut *conn)
     .await?;
+    for row in positions {
+        let written = written
+            .iter()
+            .any(|(topic, partition)| *topic == row.topic && *partition == row.partition);
+        if !written {
+            let stored = stored_offset(conn, schema, group, &row.topic, row.partition)
+                .await
+                .unwrap_or(None);
+            return Err(PositionBehind {
+                topic: row.topic.clone(),
+                partition: row.partition,
+                stored,
+                known: row.floor,
+            }
+            .into_sqlx());
+        }
+    }
     Ok(())
+}
+
+/// The stored next offset of `group` in one partition, for an error's text.
+async fn stored_offset(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    group: &str,
+    topic: &str,
+    partition: i32,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(&format!(
+        "SELECT next_offset FROM {} WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = $3",
+        offsets_table(schema)
+    ))
+    .bind(group)
+    .bind(topic)
+    .bind(partition)
+    .persistent(schema.prepared())
+    .fetch_optional(conn)
+    .await
 }
 
 /// The stored next offsets of `group` in `topic`, by partition. Partitions without a row
