@@ -47,7 +47,9 @@ pub(crate) async fn record_failure(
 /// store, a statement timeout), a serialization failure or deadlock that persisted through
 /// the retries, or the handler's own error. Not: a lost or killed connection, a server
 /// shutting down or out of resources, a lock timeout, a pool or I/O error (SQLSTATE
-/// classes 08, 53, 57 but 57014, 58, and 55P03), nor a prepared statement that the
+/// classes 08, 53, 57 but 57014, 58, and 55P03), nor a server that takes no writes
+/// (25006: a standby, or a demoted primary, reached during a failover), nor a prepared
+/// statement that the
 /// session does not have or already has (26000, 42P05: a pooler that gave the session's
 /// transaction to another server connection), nor a table or schema that does not exist
 /// (42P01, 3F000: a deployment whose migrations have not run, such as idem-kafka's outbox
@@ -60,7 +62,10 @@ pub(crate) fn counts_as_attempt(error: &sqlx::Error) -> bool {
             let class = code.get(..2).unwrap_or("");
             !(matches!(class, "08" | "53" | "58" | "")
                 || (class == "57" && code != "57014")
-                || matches!(code, "55P03" | "26000" | "42P05" | "42P01" | "3F000"))
+                || matches!(
+                    code,
+                    "55P03" | "25006" | "26000" | "42P05" | "42P01" | "3F000"
+                ))
         }
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)

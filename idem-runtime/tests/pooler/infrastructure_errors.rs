@@ -1,7 +1,8 @@
 //! Failures that are the connection's, the pooler's or the server's count no attempt,
 //! whatever the handler's error type makes of them: a good message whose first
 //! deliveries meet a missing prepared statement (26000), a duplicate one (42P05), and its
-//! own backend killed (57P01, or the pooler's report of its lost server connection)
+//! own backend killed (57P01, or the pooler's report of its lost server connection), a
+//! server that takes no writes (25006: a standby or a demoted primary during a failover)
 //! executes at the next delivery, with no attempt recorded before it; with
 //! `max_attempts = 2` it would be parked at the second failure if they counted.
 
@@ -16,10 +17,11 @@ use crate::route::{Database, Route};
 
 /// The statements the body runs before its effect, one per delivery: each fails for a
 /// reason that is not the message's.
-const FAULTS: [&str; 4] = [
+const FAULTS: [&str; 5] = [
     "EXECUTE idem_test_no_such_statement",
     "PREPARE idem_test_twice AS SELECT 1; PREPARE idem_test_twice AS SELECT 1",
     "SELECT pg_terminate_backend(pg_backend_pid())",
+    "SET LOCAL transaction_read_only = on; INSERT INTO infra_payments (payment_id) VALUES ('read-only')",
     "EXECUTE idem_test_no_such_statement",
 ];
 
