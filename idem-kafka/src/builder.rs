@@ -92,6 +92,20 @@ impl ConsumerBuilder {
         self
     }
 
+    /// How long a partition with records behind its position may stand still before it
+    /// counts as stalled (default 30 s). Every member watches every partition of its topic
+    /// (the broker's watermarks beside the group's positions): a stalled partition is
+    /// logged at warn level and shows in the gauges and [`Stats::headway`], whoever holds
+    /// it. A member that is stuck itself (a partition it holds stands still while it
+    /// waits for messages and receives none, or it holds no partition while partitions
+    /// stand still and the database answers) leaves and rejoins the group, at most once a
+    /// bound; if that has not helped two bounds after the first rejoin, [`Consumer::run`]
+    /// returns [`ConsumerError::Stalled`], for the supervisor to start the member again.
+    pub fn stall_bound(mut self, bound: Duration) -> Self {
+        self.settings.stall_bound = bound.max(Duration::from_secs(1));
+        self
+    }
+
     /// This member's client id (default `<group>-member`; shows in broker logs).
     pub fn client_id(mut self, client_id: impl Into<String>) -> Self {
         self.settings.client_id = client_id.into();

@@ -8,6 +8,8 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use idem_runtime::Idem;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -17,11 +19,13 @@ use crate::delivery::Delivery;
 use crate::dispatch::{Dispatcher, Pending};
 use crate::error::ConsumerError;
 use crate::fate::Fate;
+use crate::group_view::GroupView;
 use crate::handler::Handler;
 use crate::offset_store::OffsetStore;
 use crate::position_behind::PositionBehind;
 use crate::schema::{self, Schema};
 use crate::settings::Settings;
+use crate::stall_watch::{Activity, Bounds, StallWatch, Verdict};
 use crate::stats::Stats;
 use crate::store;
 
@@ -54,6 +58,8 @@ pub struct Consumer<H> {
     schema: Schema,
     stats: Arc<Stats>,
     dispatch: Dispatcher<H>,
+    view: GroupView,
+    activity: Arc<Activity>,
 }
 
 impl<H> fmt::Debug for Consumer<H> {
@@ -108,6 +114,13 @@ impl<H: Handler> Consumer<H> {
             schema: schema.clone(),
             progress: consumer.context().progress.clone(),
         };
+        let view = GroupView::new(
+            &settings.brokers,
+            &settings.group,
+            &settings.topic,
+            &settings.client_id,
+            &settings.extra,
+        )?;
         Ok(Consumer {
             consumer,
             idem,
@@ -115,6 +128,8 @@ impl<H: Handler> Consumer<H> {
             schema,
             stats,
             dispatch,
+            view,
+            activity: Arc::default(),
         })
     }
 
@@ -150,16 +165,30 @@ impl<H: Handler> Consumer<H> {
         let mut shutdown = pin!(shutdown);
         let mut tick = tokio::time::interval(self.settings.commit_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (verdicts, mut verdict) = watch::channel(Verdict::Steady);
+        let watching = tokio::spawn(self.stall_watch().run(verdicts));
         tracing::info!(
             group = %self.settings.group, topic = %self.settings.topic, offsets = %self.settings.offsets,
             batch_size = self.settings.batch_size, "consumer started"
         );
+        let mut stalled = None;
         loop {
             let first = tokio::select! {
                 biased;
                 () = &mut shutdown => break,
                 _ = tick.tick() => {
                     self.save_progress().await;
+                    continue;
+                }
+                Ok(()) = verdict.changed() => {
+                    match verdict.borrow_and_update().clone() {
+                        Verdict::Steady => {}
+                        Verdict::Rejoin { n, why } => self.rejoin(n, &why),
+                        Verdict::GiveUp { why } => {
+                            stalled = Some(why);
+                            break;
+                        }
+                    }
                     continue;
                 }
                 received = self.consumer.recv() => match received {
@@ -171,13 +200,62 @@ impl<H: Handler> Consumer<H> {
                     }
                 },
             };
+            self.activity.received();
             let deliveries = self.fill_batch(first).await;
             self.stats.received(deliveries.len());
             if !self.process(deliveries, shutdown.as_mut()).await {
                 break;
             }
         }
-        self.close().await
+        watching.abort();
+        if let Some(why) = &stalled {
+            tracing::error!(group = %self.settings.group, topic = %self.settings.topic, "{why}; rejoining the group did not help: stopping, for the supervisor to start this member again");
+        }
+        self.close().await?;
+        match stalled {
+            None => Ok(()),
+            Some(why) => Err(ConsumerError::Stalled(why)),
+        }
+    }
+
+    /// The watch over the group's headway (see [`ConsumerBuilder::stall_bound`]).
+    fn stall_watch(&self) -> StallWatch {
+        let stall = self.settings.stall_bound;
+        StallWatch {
+            view: self.view.clone(),
+            idem: self.idem.clone(),
+            schema: self.schema.clone(),
+            group: self.settings.group.clone(),
+            topic: self.settings.topic.clone(),
+            client_id: self.settings.client_id.clone(),
+            offsets: self.settings.offsets,
+            progress: self.consumer.context().progress.clone(),
+            activity: self.activity.clone(),
+            stats: self.stats.clone(),
+            bounds: Bounds {
+                every: (stall / 6).clamp(Duration::from_millis(500), Duration::from_secs(5)),
+                stall,
+                give_up: stall * 2,
+            },
+        }
+    }
+
+    /// Leaves the group and joins it again: the member's partitions are revoked (their
+    /// progress saved) and the group rebalances.
+    fn rejoin(&self, n: u32, why: &str) {
+        tracing::warn!(
+            group = %self.settings.group, topic = %self.settings.topic, rejoin = n,
+            "{why}: leaving the group and joining it again"
+        );
+        metrics::counter!(
+            "idem_kafka_rejoins_total",
+            "group" => self.settings.group.clone(), "topic" => self.settings.topic.clone()
+        )
+        .increment(1);
+        self.consumer.unsubscribe();
+        if let Err(error) = self.consumer.subscribe(&[&self.settings.topic]) {
+            tracing::warn!(%error, "subscribing again failed; trying again at the next look");
+        }
     }
 
     /// Adds to `first` what arrives within the batch linger, up to the batch size.
@@ -189,7 +267,10 @@ impl<H: Handler> Consumer<H> {
         let deadline = tokio::time::Instant::now() + self.settings.batch_linger;
         while deliveries.len() < self.settings.batch_size {
             match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
-                Ok(Ok(message)) => deliveries.push(Delivery::from_message(&message)),
+                Ok(Ok(message)) => {
+                    self.activity.received();
+                    deliveries.push(Delivery::from_message(&message));
+                }
                 Ok(Err(error)) => {
                     tracing::warn!(%error, "kafka reported an error; consuming on");
                     break;
@@ -208,7 +289,19 @@ impl<H: Handler> Consumer<H> {
         deliveries: Vec<Delivery>,
         mut shutdown: Pin<&mut F>,
     ) -> bool {
-        let mut pending: Vec<Pending> = deliveries.into_iter().map(Pending::new).collect();
+        let pending: Vec<Pending> = deliveries.into_iter().map(Pending::new).collect();
+        self.activity.working(true);
+        let went_on = self.process_retrying(pending, shutdown.as_mut()).await;
+        self.activity.working(false);
+        went_on
+    }
+
+    /// [`process`](Self::process), the retries included.
+    async fn process_retrying<F: Future<Output = ()>>(
+        &self,
+        mut pending: Vec<Pending>,
+        mut shutdown: Pin<&mut F>,
+    ) -> bool {
         let mut backoff = self.settings.retry_backoff;
         let mut attempt = 0u32;
         loop {

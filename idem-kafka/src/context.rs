@@ -226,6 +226,11 @@ impl ConsumerContext for GroupContext {
     ) {
         let cooperative = matches!(base.rebalance_protocol(), RebalanceProtocol::Cooperative);
         let described = describe(partitions);
+        let listed: Vec<(String, i32)> = partitions
+            .elements()
+            .iter()
+            .map(|element| (element.topic().to_owned(), element.partition()))
+            .collect();
         match event {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 if self.offsets == OffsetStore::Postgres {
@@ -236,9 +241,11 @@ impl ConsumerContext for GroupContext {
                 } else {
                     base.assign(partitions)
                 };
+                self.progress.hold(&listed);
                 log_rebalance("assigned", &described, assigned);
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.progress.release(&listed);
                 self.save_revoked(base, partitions);
                 let unassigned = if cooperative {
                     base.incremental_unassign(partitions)

@@ -19,6 +19,11 @@ pub enum ConsumerError {
     /// The settings are not usable.
     #[error("invalid setting: {0}")]
     Config(String),
+    /// The member made no headway and rejoining its group did not help (the broker does
+    /// not assign it the partitions that wait): it stopped, for its supervisor to start it
+    /// again. The text says which partitions and for how long.
+    #[error("the consumer stopped making headway: {0}")]
+    Stalled(String),
     /// The consumer's closing task failed.
     #[error("closing the consumer failed: {0}")]
     Close(#[from] tokio::task::JoinError),

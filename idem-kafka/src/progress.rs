@@ -7,7 +7,7 @@
 //! write of a position is guarded by it ([`PositionRow::floor`]), and the consumer reads
 //! the stored positions back to compare ([`Progress::behind`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 
 use rdkafka::{Offset, TopicPartitionList};
@@ -53,6 +53,8 @@ impl PartitionProgress {
 #[derive(Debug, Default)]
 pub(crate) struct Progress {
     partitions: Mutex<HashMap<(String, i32), PartitionProgress>>,
+    /// The partitions assigned to the member now.
+    held: Mutex<BTreeSet<(String, i32)>>,
 }
 
 impl Progress {
@@ -101,6 +103,38 @@ impl Progress {
     /// Forgets everything (a failed rebalance).
     pub fn clear(&self) {
         lock(&self.partitions).clear();
+        lock(&self.held).clear();
+    }
+
+    /// `partitions` were assigned to the member.
+    pub fn hold(&self, partitions: &[(String, i32)]) {
+        lock(&self.held).extend(partitions.iter().cloned());
+    }
+
+    /// `partitions` were taken from the member.
+    pub fn release(&self, partitions: &[(String, i32)]) {
+        let mut held = lock(&self.held);
+        for partition in partitions {
+            held.remove(partition);
+        }
+    }
+
+    /// The partitions of `topic` the member holds.
+    pub fn held(&self, topic: &str) -> HashSet<i32> {
+        lock(&self.held)
+            .iter()
+            .filter(|(t, _)| t == topic)
+            .map(|(_, partition)| *partition)
+            .collect()
+    }
+
+    /// How far the member processed each partition of `topic` it knows of.
+    pub fn processed_up_to(&self, topic: &str) -> HashMap<i32, i64> {
+        lock(&self.partitions)
+            .iter()
+            .filter(|((t, _), entry)| t == topic && entry.next >= 0)
+            .map(|((_, partition), entry)| (*partition, entry.next))
+            .collect()
     }
 
     /// The processed positions not committed to Kafka yet; marks them committed.

@@ -19,6 +19,7 @@ pub(crate) struct Settings {
     pub retry_backoff: Duration,
     pub max_retry_backoff: Duration,
     pub session_timeout: Duration,
+    pub stall_bound: Duration,
     pub schema: Option<Schema>,
     pub extra: Vec<(String, String)>,
 }
@@ -38,6 +39,7 @@ impl Settings {
             retry_backoff: Duration::from_millis(50),
             max_retry_backoff: Duration::from_secs(5),
             session_timeout: Duration::from_secs(10),
+            stall_bound: Duration::from_secs(30),
             schema: None,
             extra: Vec::new(),
         }

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::fate::Fate;
+use crate::headway::PartitionHeadway;
 
 /// Counters of one or several consumers (share one `Arc<Stats>` between them with
 /// [`ConsumerBuilder::stats`](crate::ConsumerBuilder::stats)).
@@ -20,6 +21,7 @@ pub struct Stats {
     batches: AtomicU64,
     rewinds: AtomicU64,
     positions: Mutex<HashMap<(String, i32), i64>>,
+    headway: Mutex<Vec<PartitionHeadway>>,
 }
 
 /// The counters at one moment.
@@ -89,6 +91,17 @@ impl Stats {
     /// Per topic and partition, the offset after the last message processed.
     pub fn positions(&self) -> HashMap<(String, i32), i64> {
         lock(&self.positions).clone()
+    }
+
+    /// The last look at every partition of the topic, by the stall watch of a consumer
+    /// counted here (every few seconds): lag, how long each has stood still, which this
+    /// member holds. Empty before the first look.
+    pub fn headway(&self) -> Vec<PartitionHeadway> {
+        lock(&self.headway).clone()
+    }
+
+    pub(crate) fn looked(&self, seen: Vec<PartitionHeadway>) {
+        *lock(&self.headway) = seen;
     }
 
     pub(crate) fn received(&self, count: usize) {

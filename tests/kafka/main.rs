@@ -20,4 +20,5 @@ mod outbox_relay_faults;
 mod outbox_savepoints;
 mod per_message;
 mod spans;
+mod stalled_member_gives_up;
 mod support;

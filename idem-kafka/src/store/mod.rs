@@ -163,6 +163,29 @@ pub async fn stored_offsets(
     Ok(rows.into_iter().collect())
 }
 
+/// The stored next offsets of `group` in `topic`, by partition, with when each was last
+/// written.
+pub(crate) async fn stored_positions_moved(
+    conn: &mut PgConnection,
+    schema: &Schema,
+    group: &str,
+    topic: &str,
+) -> Result<HashMap<i32, (i64, chrono::DateTime<chrono::Utc>)>, sqlx::Error> {
+    let rows: Vec<(i32, i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(&format!(
+        "SELECT kafka_partition, next_offset, updated_at FROM {} WHERE consumer_group = $1 AND topic = $2",
+        offsets_table(schema)
+    ))
+    .bind(group)
+    .bind(topic)
+    .persistent(schema.prepared())
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(partition, next, at)| (partition, (next, at)))
+        .collect())
+}
+
 /// The longest error text a dead letter records, in bytes. PostgreSQL's `text` refuses
 /// NUL characters (an error quoting a hostile payload may carry one), and a refused insert
 /// would leave the message undecided and redelivered forever: the text is stored as
