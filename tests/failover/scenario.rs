@@ -1,0 +1,601 @@
+//! The failover under load: order events stream into a topic while consumer groups apply
+//! them to a PostgreSQL primary through the clients' endpoint; the primary dies, its
+//! standby is promoted, the endpoint moves, and consumption goes on. Then every group's
+//! database is checked by SQL on the new primary: how many facts were applied not at all,
+//! once, more than once; whether any attempt was charged or any message dead-lettered.
+//!
+//! One cluster and one failover serve five consumer groups at once, each with two members
+//! and a database of its own on the cluster: orders one message per transaction and in
+//! batches of 100, each with offsets in Kafka and in PostgreSQL, and payment
+//! notifications in lease mode, whose effect (the notification service's own table) lives
+//! outside the cluster, in the test's database at `DATABASE_URL`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_demo::kafka::broker::LocalBroker;
+use idem_demo::kafka::handlers::OrderEvents;
+use idem_demo::kafka::notifications::{
+    self, NotificationService, PaymentNotifications, ServiceSettings,
+};
+use idem_demo::kafka::producer::{self, Plan, PlanConfig};
+use idem_demo::kafka::{self, admin, verify};
+use idem_demo::orders::EventType;
+use idem_kafka::{Consumer, ConsumerBuilder, ConsumerError, Handler, OffsetStore, Stats};
+use idem_runtime::Idem;
+use sqlx::PgPool;
+use tokio::sync::{Mutex, watch};
+use tokio::task::JoinHandle;
+
+use crate::cluster::{Cluster, Replication};
+
+/// Business facts published (with 10% duplicate sends besides).
+const EVENTS: usize = 3_000;
+const PARTITIONS: i32 = 6;
+/// Records published per second: the stream runs before, during and after the failover.
+const RECORDS_PER_SECOND: usize = 200;
+/// Deliveries every group has had before the standby is cut off.
+const BEFORE_THE_LAG: u64 = 500;
+/// How long the standby lags (its link paused) before the primary dies: what the primary
+/// commits in this window and no later is lost in asynchronous replication.
+const LAG_WINDOW: Duration = Duration::from_secs(2);
+/// No progress for this long fails a wait (the notifications wait out a 10 s lease).
+const STALL: Duration = Duration::from_secs(60);
+
+/// The failover scenarios take turns: on 2 cores, two at once would measure each other.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::const_new(());
+
+/// One consumer group: its members, their shared counters, its database.
+struct Group {
+    label: String,
+    name: String,
+    offsets: OffsetStore,
+    database: String,
+    /// Through the endpoint: the new primary after the failover.
+    pool: PgPool,
+    stats: Arc<Stats>,
+    members: Vec<JoinHandle<Result<(), ConsumerError>>>,
+}
+
+/// What one group's database holds at the end.
+struct Outcome {
+    label: String,
+    facts: i64,
+    lost: i64,
+    doubled: i64,
+    applied: i64,
+    unexpected: i64,
+    /// Keys whose row counts more than one run of the body.
+    charged: i64,
+    /// Keys in any state but `success`.
+    not_success: i64,
+    dead_letters: usize,
+    /// Transactions committed during the lag window (the group's executed count).
+    committed_in_window: u64,
+}
+
+/// Runs the scenario on a cluster replicating as `replication`.
+pub async fn fail_over_under_load(replication: Replication) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let started = Instant::now();
+    let broker = tokio::task::spawn_blocking(LocalBroker::ensure)
+        .await
+        .unwrap()
+        .unwrap_or_else(|error| panic!("{error}"));
+    let brokers = broker.brokers().to_owned();
+    admin::wait_for_broker(&brokers, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|error| panic!("the broker at {brokers} does not answer: {error}"));
+    let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_owned();
+    let service = ServiceDatabase::create(&format!("idem_failover_notify_{id}")).await;
+    let service_pool = service.pool.clone();
+    let topic = format!("idem-failover-{replication}-{id}");
+    admin::create_topic(&brokers, &topic, PARTITIONS)
+        .await
+        .unwrap();
+
+    let mut cluster = Cluster::start(replication).await;
+    let stop = watch::channel(false).0;
+    let mut groups = Vec::new();
+    for (label, offsets, batch) in [
+        ("kafka-b1", OffsetStore::Kafka, 1),
+        ("kafka-b100", OffsetStore::Kafka, 100),
+        ("postgres-b1", OffsetStore::Postgres, 1),
+        ("postgres-b100", OffsetStore::Postgres, 100),
+    ] {
+        let mut group = Group::new(&cluster, &topic, label, offsets).await;
+        for member in 0..2 {
+            let idem = Idem::new(cluster.client_pool(&group.database, 5));
+            group.start(&brokers, &topic, &stop, member, idem, OrderEvents, |b| {
+                b.batch_size(batch)
+            });
+        }
+        groups.push(group);
+    }
+    let mut notifier = Group::new(&cluster, &topic, "notify-lease", OffsetStore::Kafka).await;
+    let settings = ServiceSettings {
+        latency: Duration::from_millis(2),
+        crash_after: None,
+    };
+    let service_options = service_pool.connect_options().as_ref().clone();
+    for member in 0..2 {
+        // Each member has its own client of the service, as separate processes would.
+        let service = NotificationService::connect(service_options.clone(), settings)
+            .await
+            .unwrap();
+        let idem = Idem::new(cluster.client_pool(&notifier.database, 5));
+        notifier.start(
+            &brokers,
+            &topic,
+            &stop,
+            member,
+            idem,
+            PaymentNotifications::new(service),
+            |b| b,
+        );
+    }
+    // Everything created so far (databases, tables) is on the standby before the lag.
+    cluster.wait_standby_caught_up().await;
+
+    let plan = Plan::new(&PlanConfig {
+        events: EVENTS,
+        duplicate_rate: 0.1,
+        malformed: 0,
+        seed: 29,
+        order_prefix: format!("order-{id}"),
+        scatter_duplicates: false,
+    });
+    let records = plan.all().count();
+    let sent = Arc::new(AtomicUsize::new(0));
+    let producing = tokio::spawn(produce_paced(
+        brokers.clone(),
+        topic.clone(),
+        plan.clone(),
+        sent.clone(),
+    ));
+
+    let everyone: Vec<&Group> = groups.iter().chain([&notifier]).collect();
+    wait_while_progressing(
+        || {
+            let consuming = everyone
+                .iter()
+                .all(|group| group.stats.snapshot().deliveries >= BEFORE_THE_LAG);
+            async move { consuming }
+        },
+        || processed(&everyone),
+        || format!("every group consuming: {}", progress(&everyone)),
+    )
+    .await;
+
+    // The standby stops hearing from the primary, which goes on committing; then it dies.
+    let before_lag: Vec<u64> = everyone
+        .iter()
+        .map(|group| group.stats.snapshot().executed)
+        .collect();
+    cluster.pause_replication();
+    tokio::time::sleep(LAG_WINDOW).await;
+    let sent_before = sent.load(Ordering::SeqCst);
+    let at_kill: Vec<u64> = everyone
+        .iter()
+        .map(|group| group.stats.snapshot().executed)
+        .collect();
+    let outage = cluster.fail_over().await;
+    assert!(
+        sent_before < records,
+        "the stream was still running when the primary died ({sent_before} of {records} sent): \
+         part of it is published after the failover"
+    );
+
+    let produced = producing.await.unwrap();
+    assert_eq!(produced.records, records);
+    let (topic, ends) = (&topic, &produced.end_offsets);
+    wait_while_progressing(
+        || {
+            let everyone = &everyone;
+            async move {
+                for group in everyone {
+                    if !group.caught_up(topic, ends).await {
+                        return false;
+                    }
+                }
+                true
+            }
+        },
+        || processed(&everyone),
+        || {
+            format!(
+                "every group consumed to the end {ends:?}: {}",
+                progress(&everyone)
+            )
+        },
+    )
+    .await;
+    drop(everyone);
+    stop.send(true).ok();
+    for group in groups.iter_mut().chain([&mut notifier]) {
+        for member in group.members.drain(..) {
+            member.await.unwrap().unwrap();
+        }
+    }
+
+    // The order groups: every fact applied once, nothing charged, nothing set aside.
+    let mut outcomes = Vec::new();
+    for (n, group) in groups.iter().enumerate() {
+        outcomes.push(group.outcome(&plan, at_kill[n] - before_lag[n]).await);
+    }
+    // The notifications: what the service delivered, by its own record.
+    let paid: BTreeMap<uuid::Uuid, (String, i64)> = plan
+        .events
+        .iter()
+        .filter(|event| event.event_type == EventType::Paid)
+        .map(|event| {
+            let key = notifications::notify_payment_key(event).unwrap().key();
+            (key.as_uuid(), (event.order_id.clone(), event.amount_cents))
+        })
+        .collect();
+    let delivered: BTreeMap<uuid::Uuid, (String, i64, i32)> =
+        sqlx::query_as::<_, (uuid::Uuid, String, i64, i32)>(
+            "SELECT idempotency_key, order_id, amount_cents, calls FROM notifications_sent",
+        )
+        .fetch_all(&service_pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(key, order, amount, calls)| (key, (order, amount, calls)))
+        .collect();
+    let notified_lost = paid
+        .keys()
+        .filter(|key| !delivered.contains_key(key))
+        .count();
+    let notified_unexpected = delivered
+        .iter()
+        .filter(|(key, (order, amount, _))| paid.get(key) != Some(&(order.clone(), *amount)))
+        .count();
+    let repeated_calls: i64 = delivered
+        .values()
+        .map(|(_, _, calls)| i64::from(*calls - 1))
+        .sum();
+    let (notify_charged, notify_not_success, notify_keys) = charges(&notifier.pool).await;
+    let notify_dead = verify::dead_letters(&notifier.pool, &notifier.name)
+        .await
+        .unwrap()
+        .len();
+    let notify_window = at_kill[groups.len()] - before_lag[groups.len()];
+
+    for outcome in &outcomes {
+        eprintln!(
+            "failover {replication} {:<13}: {} facts, {} lost, {} doubled, {} applied once, \
+             {} unexpected; {} keys charged an attempt, {} not success, {} dead letters; \
+             {} transactions committed in the {:?} lag window",
+            outcome.label,
+            outcome.facts,
+            outcome.lost,
+            outcome.doubled,
+            outcome.applied,
+            outcome.unexpected,
+            outcome.charged,
+            outcome.not_success,
+            outcome.dead_letters,
+            outcome.committed_in_window,
+            LAG_WINDOW
+        );
+    }
+    eprintln!(
+        "failover {replication} notify-lease : {} paid facts, {notified_lost} lost, \
+         {repeated_calls} repeated calls (absorbed by the service), {} delivered, \
+         {notified_unexpected} unexpected; status table: {notify_keys} keys, \
+         {notify_charged} charged a second attempt, {notify_not_success} not success; \
+         {notify_dead} dead letters; {notify_window} notified in the lag window",
+        paid.len(),
+        delivered.len(),
+    );
+    eprintln!(
+        "failover {replication}: {records} records ({sent_before} sent before the primary died), \
+         clients without a server for {:.2} s, {:.1} s in all",
+        outage.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+
+    for outcome in &outcomes {
+        let label = &outcome.label;
+        assert_eq!(
+            outcome.doubled, 0,
+            "{replication} {label}: no fact applied twice"
+        );
+        assert_eq!(
+            outcome.unexpected, 0,
+            "{replication} {label}: nothing else applied"
+        );
+        assert_eq!(
+            outcome.dead_letters, 0,
+            "{replication} {label}: no dead letters"
+        );
+        assert_eq!(
+            outcome.not_success, 0,
+            "{replication} {label}: every key succeeded"
+        );
+        assert_eq!(
+            outcome.charged, 0,
+            "{replication} {label}: no attempt charged to any message"
+        );
+        let lossless =
+            replication == Replication::Synchronous || outcome.label.starts_with("postgres");
+        if lossless {
+            assert_eq!(outcome.lost, 0, "{replication} {label}: no fact lost");
+        }
+        if replication == Replication::Asynchronous {
+            assert!(
+                outcome.committed_in_window > 0,
+                "{replication} {label}: the group committed while the standby lagged"
+            );
+        }
+    }
+    assert_eq!(notified_lost, 0, "{replication}: every paid fact notified");
+    assert_eq!(
+        notified_unexpected, 0,
+        "{replication}: nothing else notified"
+    );
+    assert_eq!(
+        notify_dead, 0,
+        "{replication}: no notification dead-lettered"
+    );
+    assert_eq!(
+        notify_not_success, 0,
+        "{replication}: every notification key succeeded"
+    );
+
+    for group in groups.into_iter().chain([notifier]) {
+        group.pool.close().await;
+    }
+    drop(cluster);
+    service.drop_database().await;
+    drop(broker);
+}
+
+/// The notification service's database, outside the cluster: a fresh one on the server at
+/// `DATABASE_URL`, dropped at the end of a test that passed.
+struct ServiceDatabase {
+    server: PgPool,
+    name: String,
+    pool: PgPool,
+}
+
+impl ServiceDatabase {
+    async fn create(name: &str) -> ServiceDatabase {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        let options: sqlx::postgres::PgConnectOptions = url.parse().expect("a PostgreSQL URL");
+        let server = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .unwrap_or_else(|error| panic!("PostgreSQL at DATABASE_URL ({url}): {error}"));
+        sqlx::raw_sql(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&server)
+            .await
+            .unwrap();
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(options.database(name))
+            .await
+            .unwrap();
+        ServiceDatabase {
+            server,
+            name: name.to_owned(),
+            pool,
+        }
+    }
+
+    async fn drop_database(self) {
+        self.pool.close().await;
+        sqlx::raw_sql(&format!(
+            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+            self.name
+        ))
+        .execute(&self.server)
+        .await
+        .unwrap();
+        self.server.close().await;
+    }
+}
+
+impl Group {
+    /// Creates the group's database on the primary, with the demo's tables, idem's status
+    /// table and idem-kafka's tables.
+    async fn new(cluster: &Cluster, topic: &str, label: &str, offsets: OffsetStore) -> Group {
+        let database = label.replace('-', "_");
+        let pool = cluster.database(&database, 4).await;
+        kafka::prepare(&Idem::new(pool.clone())).await.unwrap();
+        Group {
+            label: label.to_owned(),
+            name: format!("{topic}-{label}"),
+            offsets,
+            database,
+            pool,
+            stats: Arc::new(Stats::default()),
+            members: Vec::new(),
+        }
+    }
+
+    /// Starts member `n` with `handler` on `idem`, settings adjusted by `configure`.
+    #[allow(clippy::too_many_arguments)]
+    fn start<H: Handler>(
+        &mut self,
+        brokers: &str,
+        topic: &str,
+        stop: &watch::Sender<bool>,
+        n: usize,
+        idem: Idem,
+        handler: H,
+        configure: impl FnOnce(ConsumerBuilder) -> ConsumerBuilder,
+    ) {
+        let builder = Consumer::builder(brokers, &self.name, topic)
+            .client_id(format!("{}-{n}", self.name))
+            .offsets(self.offsets)
+            .session_timeout(Duration::from_secs(6))
+            .retry_backoff(Duration::from_millis(50), Duration::from_secs(1))
+            .stats(self.stats.clone());
+        let consumer = configure(builder).build(idem, handler).unwrap();
+        let mut stopped = stop.subscribe();
+        self.members.push(tokio::spawn(consumer.run(async move {
+            stopped.wait_for(|stop| *stop).await.ok();
+        })));
+    }
+
+    /// Whether the group processed every partition to its end and, with offsets in
+    /// PostgreSQL, whether the positions stored on the (new) primary reached it: the
+    /// members' counters keep the furthest position they saw, which a primary that lost
+    /// commits has not.
+    async fn caught_up(&self, topic: &str, end_offsets: &HashMap<i32, i64>) -> bool {
+        if !self.stats.caught_up(topic, end_offsets) {
+            return false;
+        }
+        if self.offsets != OffsetStore::Postgres {
+            return true;
+        }
+        let Ok(stored) = sqlx::query_as::<_, (i32, i64)>(
+            "SELECT kafka_partition, next_offset FROM idem_kafka.kafka_offsets
+             WHERE consumer_group = $1 AND topic = $2",
+        )
+        .bind(&self.name)
+        .bind(topic)
+        .fetch_all(&self.pool)
+        .await
+        else {
+            return false;
+        };
+        let stored: HashMap<i32, i64> = stored.into_iter().collect();
+        end_offsets.iter().all(|(partition, &end)| {
+            end <= 0 || stored.get(partition).is_some_and(|&next| next >= end)
+        })
+    }
+
+    async fn outcome(&self, plan: &Plan, committed_in_window: u64) -> Outcome {
+        let verification = verify::verify(&self.pool, &plan.events).await.unwrap();
+        let (charged, not_success, _) = charges(&self.pool).await;
+        let dead_letters = verify::dead_letters(&self.pool, &self.name)
+            .await
+            .unwrap()
+            .len();
+        Outcome {
+            label: self.label.clone(),
+            facts: verification.facts,
+            lost: verification.missing,
+            doubled: verification.applied_twice,
+            applied: verification.applied_facts,
+            unexpected: verification.unexpected,
+            charged,
+            not_success,
+            dead_letters,
+            committed_in_window,
+        }
+    }
+}
+
+/// From idem's status table: keys whose body ran more than once (an attempt charged),
+/// keys in any state but `success` (failed, parked, a lease still held), all keys.
+async fn charges(pool: &PgPool) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE attempts > 1),
+                count(*) FILTER (WHERE status <> 'success'),
+                count(*)
+         FROM idem.idem_keys",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Publishes `plan` at [`RECORDS_PER_SECOND`], a chunk at a time, counting in `sent`.
+async fn produce_paced(
+    brokers: String,
+    topic: String,
+    plan: Plan,
+    sent: Arc<AtomicUsize>,
+) -> producer::ProduceReport {
+    const CHUNK: usize = 20;
+    let producer = producer::create_producer(&brokers).unwrap();
+    let started = tokio::time::Instant::now();
+    let mut report = producer::ProduceReport::default();
+    let records: Vec<_> = plan.all().cloned().collect();
+    for (n, chunk) in records.chunks(CHUNK).enumerate() {
+        let due = started + Duration::from_secs_f64((n * CHUNK) as f64 / RECORDS_PER_SECOND as f64);
+        tokio::time::sleep_until(due).await;
+        let part = Plan {
+            events: Vec::new(),
+            records: chunk.to_vec(),
+            tail: Vec::new(),
+        };
+        let done = producer::produce(&producer, &topic, &part, CHUNK, |_, _| {})
+            .await
+            .unwrap();
+        report.records += done.records;
+        report.events += done.events;
+        report.duplicates += done.duplicates;
+        for (partition, end) in done.end_offsets {
+            let entry = report.end_offsets.entry(partition).or_insert(0);
+            *entry = (*entry).max(end);
+        }
+        sent.fetch_add(done.records, Ordering::SeqCst);
+    }
+    report.elapsed = started.elapsed();
+    report
+}
+
+/// Messages done with by every group (executed, duplicates, skipped, dead-lettered): what
+/// grows while the consumers work. Retries do not count: a group stuck retrying is not
+/// progressing.
+fn processed(groups: &[&Group]) -> u64 {
+    groups
+        .iter()
+        .map(|group| {
+            let s = group.stats.snapshot();
+            s.executed + s.duplicates + s.skipped + s.dead_letters
+        })
+        .sum()
+}
+
+/// Each group's counters, for a failed wait.
+fn progress(groups: &[&Group]) -> String {
+    groups
+        .iter()
+        .map(|group| format!("{}: {:?}", group.label, group.stats.snapshot()))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Waits until `done()` holds, checking every 100 ms, for as long as `progress()` moves:
+/// panics with `what()` when it has not moved for [`STALL`] (a group that stopped, not a
+/// slow one).
+async fn wait_while_progressing<F: Future<Output = bool>>(
+    mut done: impl FnMut() -> F,
+    mut progress: impl FnMut() -> u64,
+    what: impl Fn() -> String,
+) {
+    let started = Instant::now();
+    let mut last = progress();
+    let mut moved_at = Instant::now();
+    let mut reported = Instant::now();
+    while !done().await {
+        if std::env::var_os("IDEM_FAILOVER_PROGRESS").is_some()
+            && reported.elapsed() >= Duration::from_secs(5)
+        {
+            eprintln!("after {:.0?}: {}", started.elapsed(), what());
+            reported = Instant::now();
+        }
+        let now = progress();
+        if now != last {
+            last = now;
+            moved_at = Instant::now();
+        }
+        assert!(
+            moved_at.elapsed() < STALL,
+            "no progress for {STALL:?} (after {:.0?} in all, {last} processed): {}",
+            started.elapsed(),
+            what()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
