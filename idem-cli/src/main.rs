@@ -10,21 +10,33 @@
 //!   purge [--older-than AGE] [--scope-window S=AGE]... [--dry-run]
 //!   stats
 //!   scopes [list] | scopes release SCOPE  the scopes recorded (owner, key definition) / forget one
+//!   outbox [status|parked|retry ID|retry --all] [--outbox-schema S]
+//!                                         idem-kafka's outbox: its lag, the relays, parked records
+//!   lag --group G --topic T [--brokers B] [--offsets kafka|postgres] [--kafka-schema S]
+//!       [--stalled-after 30s]             a consumer group's lag on every partition of its topic
 //! ```
 //!
 //! The connection comes from `-D/--database-url`, else `DATABASE_URL`, else the libpq
 //! variables (`PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`).
 //! `sslmode` in the URL turns TLS on (rustls, webpki roots). Passwords are never printed.
 //!
+//! `idem lag` asks the Kafka brokers of `--brokers`, else `KAFKA_BROKERS`, else
+//! `127.0.0.1:9092`.
+//!
 //! Exit codes: 0 done; 1 another error; 2 bad arguments; 3 a bad database URL; 4 the
-//! database cannot be reached; 5 the schema is missing or has pending migrations (also
-//! `migrate status` with pending migrations); 6 an unknown key or scope; 7 a key whose status does
-//! not allow the change. With `--json`, an error is one JSON object on stderr
+//! database cannot be reached, or (`idem lag`) the Kafka broker cannot be reached or
+//! refuses the request; 5 the schema is missing or has pending migrations (also
+//! `migrate status` with pending migrations, and idem-kafka's tables for `outbox` and
+//! `lag --offsets postgres`); 6 an unknown key, scope, outbox record or topic; 7 a key
+//! whose status does not allow the change; 8 (`idem lag`, after the table) a partition
+//! stalled: it has lag and the group's stored position has not moved for longer than
+//! `--stalled-after`. With `--json`, an error is one JSON object on stderr
 //! (`{"error": "...", "kind": "unknown_key"}`).
 
 mod connect;
 mod duration;
 mod failure;
+mod lag;
 mod outbox;
 mod output;
 
@@ -109,6 +121,11 @@ enum Command {
     /// idem-kafka's transactional outbox: the lag (the oldest unsent record), the relays,
     /// the parked records; put a parked record back in line.
     Outbox(outbox::OutboxArgs),
+    /// The lag of a Kafka consumer group on every partition of its topic: the broker's
+    /// watermarks beside the group's positions (committed to Kafka, or stored in
+    /// PostgreSQL with when each last moved), a total, and the partitions that stalled
+    /// (exit code 8).
+    Lag(lag::LagArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -276,6 +293,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     match cli.command {
         Command::Migrate { action } => migrate(&idem, &out, action).await,
         Command::Outbox(args) => outbox::run(&idem, &out, args).await,
+        Command::Lag(args) => lag::run(&idem, &out, args).await,
         Command::Keys { action } => {
             admin::ensure_migrated(&idem).await?;
             keys(&idem, &out, action).await

@@ -72,7 +72,7 @@ fn size(bytes: i64) -> String {
 }
 
 /// Milliseconds in the largest unit that divides them: `30d`, `36h`, `90s`, `1500ms`.
-fn duration(millis: i64) -> String {
+pub(crate) fn duration(millis: i64) -> String {
     for (unit, size) in [
         ("d", 86_400_000),
         ("h", 3_600_000),
@@ -100,6 +100,11 @@ fn short(text: &str, max: usize) -> String {
 }
 
 impl Output {
+    /// Text as it is, on stdout.
+    pub(crate) fn text(&self, text: &str) {
+        out!("{text}");
+    }
+
     pub(crate) fn json(&self, value: &impl Serialize) {
         outln!(
             "{}",

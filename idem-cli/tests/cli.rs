@@ -1,6 +1,7 @@
 //! The `idem` binary, run as a process against a throwaway database: each command's output
 //! (tables and `--json`) and exit code, and its errors: a bad URL, an unreachable
-//! database, a missing schema, an unknown key; a password never shows.
+//! database, a missing schema, an unknown key; a password never shows. `idem lag` runs
+//! against the Kafka broker of `KAFKA_BROKERS` (else 127.0.0.1:9092), which must answer.
 use std::process::Command;
 
 use idem_runtime::{Idem, idempotent};
@@ -1058,4 +1059,374 @@ async fn outbox_shows_the_lag_lists_parked_records_and_puts_one_back(pool: PgPoo
         (json["unsent"].clone(), json["parked"].clone()),
         (3.into(), 0.into())
     );
+}
+
+/// The broker of `idem lag`'s tests: `KAFKA_BROKERS`, else 127.0.0.1:9092.
+fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS")
+        .ok()
+        .filter(|brokers| !brokers.is_empty())
+        .unwrap_or_else(|| "127.0.0.1:9092".to_owned())
+}
+
+/// A new topic on the broker, of as many partitions as `records` has numbers, partition
+/// `p` holding `records[p]` records; fails the test, saying so, when the broker does not answer.
+async fn topic_with_records(brokers: &str, records: &[i64]) -> String {
+    use rdkafka::ClientConfig;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use std::time::Duration;
+
+    let topic = format!(
+        "idem-cli-lag-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    );
+    let partitions = i32::try_from(records.len()).unwrap();
+    let probe: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let answered = tokio::task::spawn_blocking(move || {
+        probe
+            .fetch_metadata(None, Duration::from_secs(10))
+            .map(|_| probe)
+    })
+    .await
+    .unwrap();
+    let probe = answered.unwrap_or_else(|error| {
+        panic!(
+            "`idem lag`'s tests need a Kafka broker at {brokers} (KAFKA_BROKERS): it does not answer: {error}"
+        )
+    });
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    for result in admin
+        .create_topics(
+            [&NewTopic::new(
+                &topic,
+                partitions,
+                TopicReplication::Fixed(1),
+            )],
+            &options,
+        )
+        .await
+        .unwrap()
+    {
+        result.unwrap_or_else(|(name, code)| panic!("creating topic {name}: {code}"));
+    }
+    let wanted = records.len();
+    let waited = topic.clone();
+    tokio::task::spawn_blocking(move || {
+        for _ in 0..150 {
+            let metadata = probe
+                .fetch_metadata(Some(&waited), Duration::from_secs(5))
+                .unwrap();
+            if metadata.topics().iter().any(|t| {
+                t.name() == waited && t.error().is_none() && t.partitions().len() == wanted
+            }) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("topic {waited} never showed its {wanted} partitions");
+    })
+    .await
+    .unwrap();
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("message.timeout.ms", "10000")
+        .create()
+        .unwrap();
+    for (partition, count) in (0..).zip(records) {
+        for n in 0..*count {
+            let payload = format!("record {n}");
+            producer
+                .send(
+                    FutureRecord::<str, str>::to(&topic)
+                        .partition(partition)
+                        .payload(&payload),
+                    Duration::from_secs(10),
+                )
+                .await
+                .unwrap_or_else(|(error, _)| panic!("producing to {topic}: {error}"));
+        }
+    }
+    topic
+}
+
+#[sqlx::test(migrations = false)]
+async fn lag_shows_every_partition_and_exits_8_when_one_stalled(pool: PgPool) {
+    let url = url(&pool, None);
+    let brokers = brokers();
+    // Partition 0 holds 5 records, partition 1 holds 3.
+    let topic = topic_with_records(&brokers, &[5, 3]).await;
+    let group = format!("{topic}-appliers");
+    let lag = |extra: &[&str]| {
+        let mut args = vec![
+            "lag",
+            "--brokers",
+            &brokers,
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+        ];
+        args.extend_from_slice(extra);
+        idem(&url, &args)
+    };
+
+    // Positions in PostgreSQL before idem-kafka's tables exist: said so, exit code 5.
+    let missing = lag(&["--offsets", "postgres"]);
+    assert_eq!(missing.code, 5, "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("no kafka_offsets table"),
+        "{}",
+        missing.stderr
+    );
+
+    let idem_handle = Idem::new(pool.clone());
+    idem_handle.migrate().await.unwrap();
+    let schema = idem_kafka::Schema::for_idem(&idem_handle);
+    idem_kafka::migrate(&idem_handle, &schema).await.unwrap();
+    // Partition 0 at offset 2, last moved ten minutes ago; partition 1 at offset 1, just
+    // moved.
+    sqlx::query(
+        "INSERT INTO idem_kafka.kafka_offsets \
+         (consumer_group, topic, kafka_partition, next_offset, updated_at) VALUES \
+         ($1, $2, 0, 2, now() - interval '10 minutes'), ($1, $2, 1, 1, now())",
+    )
+    .bind(&group)
+    .bind(&topic)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let human = lag(&["--offsets", "postgres"]);
+    assert_eq!(human.code, 8, "{}\n{}", human.stdout, human.stderr);
+    let lines: Vec<&str> = human.stdout.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!(
+            "group {group} on topic {topic}, positions stored in PostgreSQL (idem_kafka.kafka_offsets)"
+        ),
+        "{}",
+        human.stdout
+    );
+    assert_eq!(
+        lines[1], "PARTITION  POSITION  LOW  HIGH  LAG  MOVED",
+        "{}",
+        human.stdout
+    );
+    assert!(
+        lines[2].starts_with("0          2         0    5     3    10m 0")
+            && lines[2].ends_with("s ago  stalled"),
+        "{}",
+        human.stdout
+    );
+    assert!(
+        lines[3].starts_with("1          1         0    3     2    ")
+            && lines[3].ends_with("s ago"),
+        "{}",
+        human.stdout
+    );
+    assert_eq!(
+        lines[4],
+        "total lag: 5 on 2 partition(s); 1 stalled (lag, and no move for longer than 30s)"
+    );
+    assert!(
+        human.stderr.contains("stalled") && human.stderr.contains("partition(s) 0 (lag 3"),
+        "{}",
+        human.stderr
+    );
+
+    let json = lag(&["--offsets", "postgres", "--json"]);
+    assert_eq!(json.code, 8, "{}", json.stderr);
+    let error: Value = serde_json::from_str(json.stderr.trim()).unwrap();
+    assert_eq!(error["kind"], "stalled");
+    let document = json.json();
+    assert_eq!(document["offsets"], "postgres");
+    assert_eq!(document["schema"], "idem_kafka");
+    assert_eq!(document["total_lag"], 5);
+    assert_eq!(document["stalled"], 1);
+    let first = &document["partitions"][0];
+    assert_eq!(
+        (
+            &first["partition"],
+            &first["position"],
+            &first["low_watermark"],
+            &first["high_watermark"],
+            &first["lag"],
+            &first["stalled"]
+        ),
+        (
+            &0.into(),
+            &2.into(),
+            &0.into(),
+            &5.into(),
+            &3.into(),
+            &true.into()
+        ),
+        "{document}"
+    );
+    assert!(first["moved_seconds_ago"].as_f64().unwrap() >= 600.0);
+    assert!(first["moved_at"].is_string());
+    let second = &document["partitions"][1];
+    assert_eq!(
+        (&second["position"], &second["lag"], &second["stalled"]),
+        (&1.into(), &2.into(), &false.into()),
+        "{document}"
+    );
+
+    // A longer bound: nothing stalled, exit code 0.
+    let patient = ok(lag(&["--offsets", "postgres", "--stalled-after", "1h"]));
+    assert!(
+        patient
+            .stdout
+            .contains("; 0 stalled (lag, and no move for longer than 1h)"),
+        "{}",
+        patient.stdout
+    );
+    assert!(!patient.stdout.contains("stalled\n"), "{}", patient.stdout);
+    // The schema named; another one without the table.
+    ok(lag(&[
+        "--offsets",
+        "postgres",
+        "--kafka-schema",
+        "idem_kafka",
+        "--stalled-after",
+        "1h",
+    ]));
+    let elsewhere = lag(&["--offsets", "postgres", "--kafka-schema", "nowhere_kafka"]);
+    assert_eq!(elsewhere.code, 5, "{}", elsewhere.stderr);
+    assert_eq!(
+        lag(&["--offsets", "postgres", "--stalled-after", "soon"]).code,
+        2
+    );
+
+    // Positions in Kafka (the default), where the group committed nothing: no position,
+    // the whole partition is lag, nothing said stalled.
+    let kafka = ok(lag(&["--json"])).json();
+    assert_eq!(kafka["offsets"], "kafka");
+    assert_eq!(kafka["schema"], Value::Null);
+    assert_eq!(kafka["total_lag"], 8);
+    assert_eq!(kafka["stalled"], 0);
+    assert_eq!(kafka["partitions_with_position"], 0);
+    for (partition, high) in [(0, 5), (1, 3)] {
+        let row = &kafka["partitions"][partition];
+        assert_eq!(
+            (
+                &row["position"],
+                &row["low_watermark"],
+                &row["high_watermark"],
+                &row["lag"],
+                &row["moved_at"]
+            ),
+            (
+                &Value::Null,
+                &0.into(),
+                &high.into(),
+                &high.into(),
+                &Value::Null
+            ),
+            "{kafka}"
+        );
+    }
+    let kafka = ok(lag(&["--offsets", "kafka"]));
+    let lines: Vec<&str> = kafka.stdout.lines().collect();
+    assert!(
+        lines[0].ends_with("positions committed to Kafka"),
+        "{}",
+        kafka.stdout
+    );
+    assert_eq!(lines[2], "0          -         0    5     5    -");
+    assert_eq!(lines[3], "1          -         0    3     3    -");
+    assert!(
+        kafka
+            .stdout
+            .contains(&format!("group {group} has no position on topic {topic}")),
+        "{}",
+        kafka.stdout
+    );
+
+    // The group commits a position on partition 0.
+    commit(&brokers, &group, &topic, 0, 4).await;
+    let committed = ok(lag(&["--offsets", "kafka"]));
+    let lines: Vec<&str> = committed.stdout.lines().collect();
+    assert_eq!(lines[2], "0          4         0    5     1    -");
+    assert_eq!(lines[3], "1          -         0    3     3    -");
+    assert_eq!(
+        lines[4],
+        "total lag: 4 on 2 partition(s); 0 stalled (lag, and no move for longer than 30s)"
+    );
+    assert_eq!(
+        lines[5],
+        "positions in Kafka do not say when they last moved: no partition is marked stalled"
+    );
+
+    // A topic the broker does not know: said so, exit code 6.
+    let unknown = idem(
+        &url,
+        &[
+            "lag",
+            "--brokers",
+            &brokers,
+            "--group",
+            &group,
+            "--topic",
+            &format!("{topic}-nowhere"),
+        ],
+    );
+    assert_eq!(unknown.code, 6, "{}", unknown.stderr);
+    assert!(
+        unknown.stderr.contains("knows no topic"),
+        "{}",
+        unknown.stderr
+    );
+    // A broker that does not answer: exit code 4.
+    let unreachable = idem(
+        &url,
+        &[
+            "--json",
+            "lag",
+            "--brokers",
+            "127.0.0.1:1",
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+        ],
+    );
+    assert_eq!(unreachable.code, 4, "{}", unreachable.stderr);
+    let error: Value = serde_json::from_str(unreachable.stderr.trim()).unwrap();
+    assert_eq!(error["kind"], "broker");
+    assert!(
+        error["error"].as_str().unwrap().contains("127.0.0.1:1"),
+        "{error}"
+    );
+}
+
+/// Commits `offset` as `group`'s position on `partition` of `topic`, without joining the
+/// group.
+async fn commit(brokers: &str, group: &str, topic: &str, partition: i32, offset: i64) {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, partition, Offset::Offset(offset))
+        .unwrap();
+    tokio::task::spawn_blocking(move || consumer.commit(&list, CommitMode::Sync))
+        .await
+        .unwrap()
+        .unwrap_or_else(|error| panic!("committing {group}'s position: {error}"));
 }
