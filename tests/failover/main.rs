@@ -2,14 +2,16 @@
 //! the clients' endpoint moves to it, and idem-kafka's consumers go on. Counts, by SQL on
 //! the new primary, the facts applied not at all, once and more than once, per replication
 //! mode (synchronous, asynchronous with the standby lagging), offset store (Kafka,
-//! PostgreSQL) and path (one message per transaction, batches), and the lease-mode
-//! notifications' effects by the notification service's own record.
+//! PostgreSQL) and path (one message per transaction, batches), the lease-mode
+//! notifications' effects by the notification service's own record, and an outbox chain's
+//! two hops.
 //!
 //! Needs PostgreSQL's server programs (`scripts/services.sh up postgres` installs them):
 //! the test runs a private primary and standby of its own; `DATABASE_URL` is only the
 //! notification service's database. And the `tansu` broker (`scripts/services.sh up
 //! kafka`) or a broker in `KAFKA_BROKERS`. The scenarios take turns.
 
+mod chain;
 mod cluster;
 mod proxy;
 mod scenario;

@@ -4,11 +4,12 @@
 //! database is checked by SQL on the new primary: how many facts were applied not at all,
 //! once, more than once; whether any attempt was charged or any message dead-lettered.
 //!
-//! One cluster and one failover serve five consumer groups at once, each with two members
+//! One cluster and one failover serve seven consumer groups at once, each with two members
 //! and a database of its own on the cluster: orders one message per transaction and in
-//! batches of 100, each with offsets in Kafka and in PostgreSQL, and payment
-//! notifications in lease mode, whose effect (the notification service's own table) lives
-//! outside the cluster, in the test's database at `DATABASE_URL`.
+//! batches of 100, each with offsets in Kafka and in PostgreSQL; payment notifications in
+//! lease mode, whose effect (the notification service's own table) lives outside the
+//! cluster, in a database of the server at `DATABASE_URL`; and the two hops of an outbox
+//! chain with its relay ([`chain`]), sharing a database.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -23,6 +24,7 @@ use idem_demo::kafka::notifications::{
 use idem_demo::kafka::producer::{self, Plan, PlanConfig, PlannedRecord};
 use idem_demo::kafka::{self, admin, verify};
 use idem_demo::orders::EventType;
+use idem_kafka::outbox::Relay;
 use idem_kafka::{Consumer, ConsumerBuilder, ConsumerError, Handler, OffsetStore, Stats};
 use idem_runtime::Idem;
 use rdkafka::producer::FutureProducer;
@@ -30,6 +32,7 @@ use sqlx::PgPool;
 use tokio::sync::{Mutex, watch};
 use tokio::task::JoinHandle;
 
+use crate::chain;
 use crate::cluster::{Cluster, Replication};
 
 /// Business facts published (with 10% duplicate sends besides).
@@ -140,6 +143,39 @@ pub async fn fail_over_under_load(replication: Replication) {
             |b| b,
         );
     }
+    // The outbox chain: hop 1 on the order topic, a relay, hop 2 on the second topic.
+    let topic_b = format!("{topic}-b");
+    admin::create_topic(&brokers, &topic_b, PARTITIONS)
+        .await
+        .unwrap();
+    let mut hop1 = Group::new(&cluster, &topic, "chain-hop1", OffsetStore::Postgres).await;
+    sqlx::raw_sql(chain::CREATE_TABLES)
+        .execute(&hop1.pool)
+        .await
+        .unwrap();
+    let mut hop2 = hop1.sharing(&topic_b, "chain-hop2");
+    for member in 0..2 {
+        let events = chain::Events {
+            topic_b: topic_b.clone(),
+        };
+        let idem = Idem::new(cluster.client_pool(&hop1.database, 5));
+        hop1.start(&brokers, &topic, &stop, member, idem, events, |b| b);
+        let idem = Idem::new(cluster.client_pool(&hop2.database, 5));
+        hop2.start(
+            &brokers,
+            &topic_b,
+            &stop,
+            member,
+            idem,
+            chain::Records,
+            |b| b,
+        );
+    }
+    let relaying = tokio::spawn(relay(
+        brokers.clone(),
+        Idem::new(cluster.client_pool(&hop1.database, 3)),
+        stop.subscribe(),
+    ));
     // Everything created so far (databases, tables) is on the standby before the lag.
     cluster.wait_standby_caught_up().await;
 
@@ -161,7 +197,7 @@ pub async fn fail_over_under_load(replication: Replication) {
     let mut produced = producer::produce(&producer, &topic, &part(warm_up), WARM_UP, |_, _| {})
         .await
         .unwrap();
-    let everyone: Vec<&Group> = groups.iter().chain([&notifier]).collect();
+    let everyone: Vec<&Group> = groups.iter().chain([&notifier, &hop1]).collect();
     wait_while_progressing(
         || {
             let consuming = everyone
@@ -243,13 +279,37 @@ pub async fn fail_over_under_load(replication: Replication) {
         },
     )
     .await;
+    // Hop 2 is done when the outbox is drained and it consumed the second topic to its end.
+    let (hop1_ref, hop2_ref, topic_b_ref) = (&hop1, &hop2, &topic_b);
+    let brokers_ref = &brokers;
+    wait_while_progressing(
+        || async move {
+            if chain::unsent(&hop1_ref.pool).await != Some(0) {
+                return false;
+            }
+            let ends = high_watermarks(brokers_ref, topic_b_ref).await;
+            hop2_ref.caught_up(topic_b_ref, &ends).await
+        },
+        || processed(&[hop1_ref, hop2_ref]),
+        || {
+            format!(
+                "the outbox drained and the second hop consumed to the end: {}",
+                progress(&[hop1_ref, hop2_ref])
+            )
+        },
+    )
+    .await;
     drop(everyone);
     stop.send(true).ok();
-    for group in groups.iter_mut().chain([&mut notifier]) {
+    for group in groups
+        .iter_mut()
+        .chain([&mut notifier, &mut hop1, &mut hop2])
+    {
         for member in group.members.drain(..) {
             member.await.unwrap().unwrap();
         }
     }
+    let relay_restarts = relaying.await.unwrap();
 
     // The order groups: every fact applied once, nothing charged, nothing set aside.
     let mut outcomes = Vec::new();
@@ -294,6 +354,17 @@ pub async fn fail_over_under_load(replication: Replication) {
         .unwrap()
         .len();
     let notify_window = at_kill[groups.len()] - before_lag[groups.len()];
+    // The chain: both hops, by SQL; the status table and dead letters of both handlers.
+    let chained = chain::outcome(&hop1.pool, &plan.events).await;
+    let chain_keys = keys(&hop1.pool).await;
+    let mut chain_dead = 0;
+    for hop in [&hop1, &hop2] {
+        chain_dead += verify::dead_letters(&hop.pool, &hop.name)
+            .await
+            .unwrap()
+            .len();
+    }
+    let chain_window = at_kill[groups.len() + 1] - before_lag[groups.len() + 1];
 
     for outcome in &outcomes {
         eprintln!(
@@ -325,6 +396,22 @@ pub async fn fail_over_under_load(replication: Replication) {
         notify_keys.charged,
         notify_keys.failed,
         notify_keys.processing,
+    );
+    eprintln!(
+        "failover {replication} outbox-chain : hop 1 {} lost, {} doubled; hop 2 {} facts \
+         missing a record, {} records doubled, {} rows without their hop-1 fact; {} outbox \
+         records unsent or parked; {} keys charged an attempt, {} failed or parked, {} left \
+         processing; {chain_dead} dead letters; relay restarted {relay_restarts} times; \
+         {chain_window} facts applied in the lag window",
+        chained.lost_first,
+        chained.doubled_first,
+        chained.lost_second,
+        chained.doubled_second,
+        chained.orphans,
+        chained.unsent,
+        chain_keys.charged,
+        chain_keys.failed,
+        chain_keys.processing,
     );
     eprintln!(
         "failover {replication}: {records} records ({sent_before} sent before the primary died), \
@@ -391,7 +478,41 @@ pub async fn fail_over_under_load(replication: Replication) {
         );
     }
 
-    for group in groups.into_iter().chain([notifier]) {
+    // The chain: exactly once on both hops, in either replication mode (its offsets are in
+    // PostgreSQL, so a lost fact is consumed again, and sent again under the same keys).
+    assert_eq!(
+        chained.lost_first, 0,
+        "{replication} chain: no fact lost at hop 1"
+    );
+    assert_eq!(
+        chained.doubled_first, 0,
+        "{replication} chain: none doubled at hop 1"
+    );
+    assert_eq!(
+        chained.lost_second, 0,
+        "{replication} chain: no record lost at hop 2"
+    );
+    assert_eq!(
+        chained.doubled_second, 0,
+        "{replication} chain: none doubled at hop 2"
+    );
+    assert_eq!(
+        chained.orphans, 0,
+        "{replication} chain: no hop-2 row without its fact"
+    );
+    assert_eq!(chained.unsent, 0, "{replication} chain: the outbox drained");
+    assert_eq!(
+        chain_keys.charged, 0,
+        "{replication} chain: no attempt charged"
+    );
+    assert_eq!(
+        chain_keys.failed + chain_keys.processing,
+        0,
+        "{replication} chain: every key succeeded"
+    );
+    assert_eq!(chain_dead, 0, "{replication} chain: no dead letters");
+
+    for group in groups.into_iter().chain([notifier, hop1, hop2]) {
         group.pool.close().await;
     }
     drop(cluster);
@@ -459,6 +580,19 @@ impl Group {
             offsets,
             database,
             pool,
+            stats: Arc::new(Stats::default()),
+            members: Vec::new(),
+        }
+    }
+
+    /// A group on `topic` sharing this group's database, offsets in PostgreSQL.
+    fn sharing(&self, topic: &str, label: &str) -> Group {
+        Group {
+            label: label.to_owned(),
+            name: format!("{topic}-{label}"),
+            offsets: OffsetStore::Postgres,
+            database: self.database.clone(),
+            pool: self.pool.clone(),
             stats: Arc::new(Stats::default()),
             members: Vec::new(),
         }
@@ -595,6 +729,56 @@ async fn produce_paced(
         sent.fetch_add(done.records, Ordering::SeqCst);
     }
     report
+}
+
+/// Runs an outbox relay on `idem` until `stop`; one that stops with an error is started
+/// again, as an orchestrator restarts a process that exited. Returns how many times.
+async fn relay(brokers: String, idem: Idem, mut stop: watch::Receiver<bool>) -> u32 {
+    let mut restarts = 0;
+    loop {
+        let relay = Relay::builder(&brokers)
+            .poll(Duration::from_millis(100))
+            .build(&idem)
+            .unwrap();
+        let mut stopped = stop.clone();
+        let ran = relay
+            .run(async move {
+                stopped.wait_for(|stop| *stop).await.ok();
+            })
+            .await;
+        match ran {
+            Ok(()) => return restarts,
+            Err(error) => {
+                eprintln!("the outbox relay stopped: {error}; starting it again");
+                restarts += 1;
+                if *stop.borrow_and_update() {
+                    return restarts;
+                }
+            }
+        }
+    }
+}
+
+/// The offset after the last record of each partition of `topic`.
+async fn high_watermarks(brokers: &str, topic: &str) -> HashMap<i32, i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer as _};
+    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let client: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .create()
+            .unwrap();
+        (0..PARTITIONS)
+            .map(|partition| {
+                let (_, high) = client
+                    .fetch_watermarks(&topic, partition, Duration::from_secs(10))
+                    .unwrap();
+                (partition, high)
+            })
+            .collect()
+    })
+    .await
+    .unwrap()
 }
 
 /// A plan of `records` alone, to publish them.
