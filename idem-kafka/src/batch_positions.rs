@@ -36,6 +36,8 @@ pub struct BatchPositions {
     positions: Vec<Position>,
     keys: Vec<Option<(IdempotencyKey, Option<[u8; 32]>)>>,
     stored: AtomicBool,
+    /// Identifies what this batch's transactions note they stored.
+    token: u64,
 }
 
 impl BatchPositions {
@@ -60,6 +62,10 @@ impl BatchPositions {
             positions: positions.to_vec(),
             keys,
             stored: AtomicBool::new(false),
+            token: positions
+                .first()
+                .and_then(|first| first.receipts.0.as_ref())
+                .map_or(0, |receipts| receipts.token()),
         }
     }
 
@@ -117,11 +123,22 @@ impl BatchPositions {
                 }
             })
             .collect();
-        crate::store::store_positions(conn, &first.schema, &first.group, &rows).await
+        crate::store::store_positions(conn, &first.schema, &first.group, &rows).await?;
+        if let Some(receipts) = &first.receipts.0 {
+            receipts.record(self.token, &rows);
+        }
+        Ok(())
     }
 
     /// A body failed and its transaction rolls back: the next transaction stores again.
     pub fn forget(&self) {
         self.stored.store(false, Ordering::SeqCst);
+        if let Some(receipts) = self
+            .positions
+            .first()
+            .and_then(|first| first.receipts.0.as_ref())
+        {
+            receipts.take_back(self.token);
+        }
     }
 }

@@ -86,23 +86,42 @@ impl ConsumerBuilder {
     }
 
     /// The group's session timeout: how long the broker waits for a silent member before
-    /// it gives the member's partitions to the others (default 10 s).
+    /// it gives the member's partitions to the others (default 30 s; the heartbeat goes
+    /// every quarter of it, at most every 3 s).
+    ///
+    /// The trade-off: a shorter session moves a dead member's partitions sooner (on a
+    /// broker that does), and makes a shorter broker outage end every member's session,
+    /// which then forces the whole group through a rebalance when the broker is back (on
+    /// tansu 0.6 such a rebalance can fail to complete: see the README's "Broker
+    /// outages"). 30 s rides out a broker restart of a few seconds with no rebalance at
+    /// all, at the cost of a dead member's partitions waiting up to 30 s more.
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.settings.session_timeout = timeout;
         self
     }
 
     /// How long a partition with records behind its position may stand still before it
-    /// counts as stalled (default 30 s). Every member watches every partition of its topic
-    /// (the broker's watermarks beside the group's positions): a stalled partition is
-    /// logged at warn level and shows in the gauges and [`Stats::headway`], whoever holds
-    /// it. A member that is stuck itself (a partition it holds stands still while it
-    /// waits for messages and receives none, or it holds no partition while partitions
-    /// stand still and the database answers) leaves and rejoins the group, at most once a
-    /// bound; if that has not helped two bounds after the first rejoin, [`Consumer::run`]
-    /// returns [`ConsumerError::Stalled`], for the supervisor to start the member again.
+    /// counts as stalled (default: twice the session timeout, 60 s; a broker expels a
+    /// silent member only after its session, and a rejoin before then would hand its
+    /// partitions back to it).
+    ///
+    /// Every member watches every partition of its topic (the broker's watermarks beside
+    /// the group's stored or committed positions, every sixth of the bound, at most every
+    /// 5 s): a stalled partition is logged at warn level, again every bound while it
+    /// stays stalled, and shows in the gauges and in [`Stats::headway`], whoever holds it.
+    /// While the database answers (an outage stops every partition, and is not the
+    /// group's):
+    /// - a member that is stuck (a partition it holds stands still while it waits for
+    ///   messages and receives none, or it holds no partition while others stand still)
+    ///   leaves the group and joins it again, at most once a bound; if that has not helped
+    ///   two bounds after its first rejoin, [`Consumer::run`] returns
+    ///   [`ConsumerError::Stalled`], for its supervisor to start it again;
+    /// - a member that works its own partitions while others stand still (their member
+    ///   died without leaving the group, and the broker does not hand them out again)
+    ///   leaves and rejoins, at most once a bound, so that the group's next rebalance
+    ///   gives them to the members alive; it goes on working whether that helps or not.
     pub fn stall_bound(mut self, bound: Duration) -> Self {
-        self.settings.stall_bound = bound.max(Duration::from_secs(1));
+        self.settings.stall_bound = Some(bound.max(Duration::from_secs(1)));
         self
     }
 

@@ -99,7 +99,7 @@ impl<H: Handler> Consumer<H> {
             )
             .set(
                 "heartbeat.interval.ms",
-                (settings.session_timeout.as_millis() / 4).to_string(),
+                settings.heartbeat_interval().as_millis().to_string(),
             );
         for (name, value) in &settings.extra {
             client.set(name, value);
@@ -113,6 +113,7 @@ impl<H: Handler> Consumer<H> {
             offsets: settings.offsets,
             schema: schema.clone(),
             progress: consumer.context().progress.clone(),
+            receipts: Arc::default(),
         };
         let view = GroupView::new(
             &settings.brokers,
@@ -172,6 +173,8 @@ impl<H: Handler> Consumer<H> {
             batch_size = self.settings.batch_size, "consumer started"
         );
         let mut stalled = None;
+        // While rejoining: when to subscribe again.
+        let mut resubscribe: Option<tokio::time::Instant> = None;
         loop {
             let first = tokio::select! {
                 biased;
@@ -180,10 +183,23 @@ impl<H: Handler> Consumer<H> {
                     self.save_progress().await;
                     continue;
                 }
+                () = wait_until(resubscribe) => {
+                    resubscribe = None;
+                    if let Err(error) = self.consumer.subscribe(&[&self.settings.topic]) {
+                        tracing::warn!(%error, "subscribing again failed; retrying in a second");
+                        resubscribe = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+                    }
+                    continue;
+                }
                 Ok(()) = verdict.changed() => {
                     match verdict.borrow_and_update().clone() {
                         Verdict::Steady => {}
-                        Verdict::Rejoin { n, why } => self.rejoin(n, &why),
+                        Verdict::Rejoin { n, why } => {
+                            if resubscribe.is_none() {
+                                self.leave(n, &why);
+                                resubscribe = Some(tokio::time::Instant::now() + REJOIN_PAUSE);
+                            }
+                        }
                         Verdict::GiveUp { why } => {
                             stalled = Some(why);
                             break;
@@ -220,7 +236,7 @@ impl<H: Handler> Consumer<H> {
 
     /// The watch over the group's headway (see [`ConsumerBuilder::stall_bound`]).
     fn stall_watch(&self) -> StallWatch {
-        let stall = self.settings.stall_bound;
+        let stall = self.settings.stall_bound();
         StallWatch {
             view: self.view.clone(),
             idem: self.idem.clone(),
@@ -240,9 +256,11 @@ impl<H: Handler> Consumer<H> {
         }
     }
 
-    /// Leaves the group and joins it again: the member's partitions are revoked (their
-    /// progress saved) and the group rebalances.
-    fn rejoin(&self, n: u32, why: &str) {
+    /// Leaves the group, to join it again after [`REJOIN_PAUSE`]: the member's partitions
+    /// are revoked (their progress saved), and the loop goes on polling meanwhile, so that
+    /// the client really sends its LeaveGroup (a subscription renewed at once, while a
+    /// rebalance is in progress, is only a change of subscription).
+    fn leave(&self, n: u32, why: &str) {
         tracing::warn!(
             group = %self.settings.group, topic = %self.settings.topic, rejoin = n,
             "{why}: leaving the group and joining it again"
@@ -253,9 +271,6 @@ impl<H: Handler> Consumer<H> {
         )
         .increment(1);
         self.consumer.unsubscribe();
-        if let Err(error) = self.consumer.subscribe(&[&self.settings.topic]) {
-            tracing::warn!(%error, "subscribing again failed; trying again at the next look");
-        }
     }
 
     /// Adds to `first` what arrives within the batch linger, up to the batch size.
@@ -554,4 +569,16 @@ enum Stored {
     Nothing,
     /// Not stored (or killed): nothing may be committed to Kafka.
     Failed,
+}
+
+/// How long a member that leaves its group to rejoin it keeps polling before it
+/// subscribes again: long enough for the revocation and the LeaveGroup to go out.
+const REJOIN_PAUSE: Duration = Duration::from_secs(2);
+
+/// Completes at `at`, never without one.
+async fn wait_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }

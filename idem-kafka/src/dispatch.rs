@@ -13,7 +13,7 @@ use crate::handler::Handler;
 use crate::offset_store::OffsetStore;
 use crate::outbox::{TRACE_HEADER, TraceContext};
 use crate::position::Position;
-use crate::progress::Progress;
+use crate::progress::{Progress, Receipts};
 use crate::received::Received;
 use crate::schema::Schema;
 use crate::store;
@@ -45,6 +45,8 @@ pub(crate) struct Dispatcher<H> {
     pub schema: Schema,
     /// The member's progress: the floors of the positions handed out.
     pub progress: Arc<Progress>,
+    /// What batch handlers' transactions stored of those positions.
+    pub receipts: Arc<Receipts>,
 }
 
 impl<H: Handler> Dispatcher<H> {
@@ -97,6 +99,8 @@ impl<H: Handler> Dispatcher<H> {
         if let Some(last) = fates.last() {
             telemetry::record_fate(&span, last);
         }
+        // What the round's transactions stored is what PostgreSQL holds now.
+        self.progress.confirm(&self.receipts.drain());
         fates
     }
 
@@ -277,6 +281,9 @@ impl<H: Handler> Dispatcher<H> {
             delivery.partition,
             delivery.offset + 1,
         )
-        .with_floor(self.progress.floor(&delivery.topic, delivery.partition))
+        .with_floor(
+            self.progress.floor(&delivery.topic, delivery.partition),
+            &self.receipts,
+        )
     }
 }

@@ -2,7 +2,9 @@
 
 use sqlx::PgConnection;
 
-use crate::progress::PositionRow;
+use std::sync::Arc;
+
+use crate::progress::{PositionRow, Receipts, ReceiptsHandle};
 use crate::schema::Schema;
 
 /// The position of a consumer group in a partition after a message: the offset to read
@@ -24,6 +26,8 @@ pub struct Position {
     /// The stored position the consumer knew PostgreSQL held when it handed this one out
     /// (`-1`: none known): storing finds out whether the database went back.
     pub(crate) floor: i64,
+    /// Where a batch handler's transaction notes what it stored, for the consumer.
+    pub(crate) receipts: ReceiptsHandle,
 }
 
 impl Position {
@@ -43,12 +47,14 @@ impl Position {
             next_offset,
             schema: schema.clone(),
             floor: -1,
+            receipts: ReceiptsHandle::default(),
         }
     }
 
     /// The same position, guarded by `floor` (see [`PositionBehind`](crate::PositionBehind)).
-    pub(crate) fn with_floor(mut self, floor: i64) -> Self {
+    pub(crate) fn with_floor(mut self, floor: i64, receipts: &Arc<Receipts>) -> Self {
         self.floor = floor;
+        self.receipts = ReceiptsHandle(Some(receipts.clone()));
         self
     }
 

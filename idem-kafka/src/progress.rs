@@ -8,7 +8,7 @@
 //! the stored positions back to compare ([`Progress::behind`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -236,6 +236,53 @@ impl Progress {
         self.assigned(topic, partition, stored);
     }
 }
+
+/// The positions that batch handlers' transactions stored ([`BatchPositions`](crate::BatchPositions)),
+/// for the consumer to learn what PostgreSQL holds once the round is over. A transaction
+/// that rolls back after storing takes its rows back ([`Receipts::take_back`]); one whose
+/// commit failed leaves rows that are too high, which only makes the member read its
+/// partitions again from what is stored (duplicates, nothing lost).
+#[derive(Debug, Default)]
+pub(crate) struct Receipts {
+    rows: Mutex<Vec<(u64, PositionRow)>>,
+    next_token: std::sync::atomic::AtomicU64,
+}
+
+impl Receipts {
+    /// A token for the rows of one writer.
+    pub fn token(&self) -> u64 {
+        self.next_token
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `rows` were stored by the writer of `token`.
+    pub fn record(&self, token: u64, rows: &[PositionRow]) {
+        lock(&self.rows).extend(rows.iter().map(|row| (token, row.clone())));
+    }
+
+    /// The transaction of `token`'s writer rolls back.
+    pub fn take_back(&self, token: u64) {
+        lock(&self.rows).retain(|(of, _)| *of != token);
+    }
+
+    /// The rows recorded since the last drain.
+    pub fn drain(&self) -> Vec<PositionRow> {
+        lock(&self.rows).drain(..).map(|(_, row)| row).collect()
+    }
+}
+
+/// A handle on the consumer's [`Receipts`], held by the positions it hands out. Not part
+/// of what makes two positions equal.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ReceiptsHandle(pub Option<Arc<Receipts>>);
+
+impl PartialEq for ReceiptsHandle {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ReceiptsHandle {}
 
 /// A partition whose stored position went back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

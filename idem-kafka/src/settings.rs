@@ -19,12 +19,26 @@ pub(crate) struct Settings {
     pub retry_backoff: Duration,
     pub max_retry_backoff: Duration,
     pub session_timeout: Duration,
-    pub stall_bound: Duration,
+    /// `None`: twice the session timeout.
+    pub stall_bound: Option<Duration>,
     pub schema: Option<Schema>,
     pub extra: Vec<(String, String)>,
 }
 
 impl Settings {
+    /// How long a partition with lag may stand still before it counts as stalled: as set,
+    /// or twice the session timeout (a broker expels a silent member only after its
+    /// session, and a rejoin before then hands its partitions back to it).
+    pub fn stall_bound(&self) -> Duration {
+        self.stall_bound.unwrap_or(self.session_timeout * 2)
+    }
+
+    /// The heartbeat interval: a quarter of the session, at most 3 s (a member learns of a
+    /// rebalance from its heartbeat).
+    pub fn heartbeat_interval(&self) -> Duration {
+        (self.session_timeout / 4).min(Duration::from_secs(3))
+    }
+
     /// The defaults for a member of `group` reading `topic` from `brokers`.
     pub fn new(brokers: String, group: String, topic: String) -> Self {
         Settings {
@@ -38,8 +52,8 @@ impl Settings {
             commit_interval: Duration::from_secs(1),
             retry_backoff: Duration::from_millis(50),
             max_retry_backoff: Duration::from_secs(5),
-            session_timeout: Duration::from_secs(10),
-            stall_bound: Duration::from_secs(30),
+            session_timeout: Duration::from_secs(30),
+            stall_bound: None,
             schema: None,
             extra: Vec::new(),
         }

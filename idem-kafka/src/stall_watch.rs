@@ -239,11 +239,6 @@ impl StallWatch {
         now: Instant,
     ) -> Verdict {
         self.warn_of_stalls(seen, episode, now);
-        let stalled: Vec<i32> = seen
-            .iter()
-            .filter(|p| p.stalled)
-            .map(|p| p.partition)
-            .collect();
         let held_stalled: Vec<i32> = seen
             .iter()
             .filter(|p| p.stalled && p.held)
@@ -254,23 +249,49 @@ impl StallWatch {
         // Stuck: a partition it holds stands still while the member waits for messages and
         // receives none; or it holds nothing while partitions stand still and the
         // database answers (an outage stops every partition, and is not the group's).
-        let why = if !held_stalled.is_empty()
+        let not_held: Vec<i32> = seen
+            .iter()
+            .filter(|p| p.stalled && !p.held)
+            .map(|p| p.partition)
+            .collect();
+        // Stuck: a partition it holds stands still while the member waits for messages and
+        // receives none; or it holds nothing while partitions stand still. Those give up in
+        // the end: the member does nothing useful. Orphaned: partitions it does not hold
+        // stand still while it works its own (a member that died without leaving, and a
+        // broker that does not take its partitions back): a rejoin of a survivor hands
+        // them out again, and the member goes on working whether or not it helps. Neither
+        // counts while the database does not answer: an outage stops every partition, and
+        // is not the group's.
+        let (why, unproductive) = if !held_stalled.is_empty()
             && !self.activity.working.load(Ordering::Relaxed)
             && quiet_for > self.bounds.stall
         {
-            Some(format!(
-                "partitions {held_stalled:?} of {} are assigned to this member and have lag, but it has received nothing for {quiet_for:?}",
-                self.topic,
-            ))
-        } else if holds_nothing && !stalled.is_empty() && self.database_answers().await {
-            Some(format!(
-                "this member holds no partition of {} while partitions {stalled:?} have lag and have not moved for longer than {:?}",
-                self.topic, self.bounds.stall
-            ))
+            (
+                format!(
+                    "partitions {held_stalled:?} of {} are assigned to this member and have lag, but it has received nothing for {quiet_for:?}",
+                    self.topic,
+                ),
+                true,
+            )
+        } else if !not_held.is_empty() && self.database_answers().await {
+            if holds_nothing {
+                (
+                    format!(
+                        "this member holds no partition of {} while partitions {not_held:?} have lag and have not moved for longer than {:?}: the group's rebalance does not complete, or gives them to members that are gone",
+                        self.topic, self.bounds.stall
+                    ),
+                    true,
+                )
+            } else {
+                (
+                    format!(
+                        "partitions {not_held:?} of {} have lag and have not moved for longer than {:?}, and no member here holds them: their member may be gone without leaving the group",
+                        self.topic, self.bounds.stall
+                    ),
+                    false,
+                )
+            }
         } else {
-            None
-        };
-        let Some(why) = why else {
             *episode = Episode {
                 warned: std::mem::take(&mut episode.warned),
                 ..Episode::default()
@@ -278,7 +299,8 @@ impl StallWatch {
             return Verdict::Steady;
         };
         episode.since.get_or_insert(now);
-        if let Some(first) = episode.first_rejoin
+        if unproductive
+            && let Some(first) = episode.first_rejoin
             && now.duration_since(first) > self.bounds.give_up
         {
             return Verdict::GiveUp { why };
