@@ -2,7 +2,8 @@
 //! first handler that writes a row and sends two records (a receipt and a stock
 //! reservation) through idem-kafka's outbox in its transaction; a relay publishes them to
 //! a second topic; a second handler, keyed on each record's `idem-key`, writes a row per
-//! record. Both handlers keep their offsets in PostgreSQL, in one database of the cluster.
+//! record. Both handlers store their positions in PostgreSQL in the transaction of their
+//! effects (`Position::store`), in one database of the cluster.
 
 use idem_demo::kafka::handlers::event_type_name;
 use idem_demo::orders::OrderEvent;
@@ -26,13 +27,14 @@ pub struct Outgoing {
     kind: String,
 }
 
-/// Hop 1: the event's row, and its receipt and stock records for `topic_b`, keyed by
-/// order, in the claim's transaction.
+/// Hop 1: the event's row, its receipt and stock records for `topic_b`, keyed by order,
+/// and the consumer's position, in the claim's transaction.
 #[idempotent(key = "event_key", scope = "failover.apply_event")]
 async fn apply_event(
     tx: &mut PgConnection,
     event: &OrderEvent,
     topic_b: &str,
+    position: &Position,
 ) -> Result<(), sqlx::Error> {
     let event_type = event_type_name(event.event_type);
     sqlx::query("INSERT INTO chain_applied (order_id, event_type) VALUES ($1, $2)")
@@ -52,12 +54,17 @@ async fn apply_event(
             .json(&out)
     };
     outbox::send_all(tx, [record("receipt")?, record("stock")?]).await?;
-    Ok(())
+    position.store(tx).await
 }
 
-/// Hop 2: one row per outgoing record, however often it arrives.
+/// Hop 2: one row per outgoing record, however often it arrives, and the consumer's
+/// position, in the claim's transaction.
 #[idempotent(key = "idem_key", scope = "failover.receive")]
-async fn receive(tx: &mut PgConnection, out: &Keyed<Outgoing>) -> Result<(), sqlx::Error> {
+async fn receive(
+    tx: &mut PgConnection,
+    out: &Keyed<Outgoing>,
+    position: &Position,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO chain_received (idem_key, order_id, event_type, kind) VALUES ($1, $2, $3, $4)",
     )
@@ -66,11 +73,12 @@ async fn receive(tx: &mut PgConnection, out: &Keyed<Outgoing>) -> Result<(), sql
     .bind(&out.message.event_type)
     .bind(&out.message.kind)
     .execute(&mut *tx)
-    .await
-    .map(|_| ())
+    .await?;
+    position.store(tx).await
 }
 
 /// The first hop's handler: order events, sending to `topic_b`.
+#[derive(Clone)]
 pub struct Events {
     /// The second topic.
     pub topic_b: String,
@@ -81,12 +89,19 @@ impl Handler for Events {
     fn decode(&self, payload: &[u8]) -> Result<OrderEvent, String> {
         idem_kafka::decode_json(payload)
     }
-    async fn handle(&self, idem: &Idem, event: &OrderEvent, _: Option<&Position>) -> Fate {
-        Fate::of(apply_event(idem, event, &self.topic_b).await)
+    async fn handle(&self, idem: &Idem, event: &OrderEvent, position: Option<&Position>) -> Fate {
+        let position = position.expect("offsets in PostgreSQL: the consumer hands a position");
+        Fate::of(apply_event(idem, event, &self.topic_b, position).await)
+    }
+    // The position is written with the effects: a primary that lost the effects lost the
+    // position too, and the member reads again from there.
+    fn stores_position(&self) -> bool {
+        true
     }
 }
 
 /// The second hop's handler: the records, keyed on their `idem-key` header.
+#[derive(Clone)]
 pub struct Records;
 
 impl Handler for Records {
@@ -97,8 +112,17 @@ impl Handler for Records {
     fn decode_received(&self, received: &Received<'_>) -> Result<Keyed<Outgoing>, String> {
         Keyed::decode_json(received)
     }
-    async fn handle(&self, idem: &Idem, out: &Keyed<Outgoing>, _: Option<&Position>) -> Fate {
-        Fate::of(receive(idem, out).await)
+    async fn handle(
+        &self,
+        idem: &Idem,
+        out: &Keyed<Outgoing>,
+        position: Option<&Position>,
+    ) -> Fate {
+        let position = position.expect("offsets in PostgreSQL: the consumer hands a position");
+        Fate::of(receive(idem, out, position).await)
+    }
+    fn stores_position(&self) -> bool {
+        true
     }
 }
 

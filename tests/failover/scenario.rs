@@ -36,15 +36,15 @@ use crate::chain;
 use crate::cluster::{Cluster, Replication};
 
 /// Business facts published (with 10% duplicate sends besides).
-const EVENTS: usize = 3_000;
+const EVENTS: usize = 1_500;
 /// Partitions of the topic: three per member of a group.
 const PARTITIONS: i32 = 6;
 /// Records published per second: the stream runs before, during and after the failover.
-const RECORDS_PER_SECOND: usize = 200;
+const RECORDS_PER_SECOND: usize = 150;
 /// Records published at once, before the stream: the groups form on them.
-const WARM_UP: usize = 200;
+const WARM_UP: usize = 100;
 /// Records published, and delivered to every group, before the standby is cut off.
-const BEFORE_THE_LAG: usize = 800;
+const BEFORE_THE_LAG: usize = 500;
 /// How long the standby lags (its link paused) before the primary dies: what the primary
 /// commits in this window and no later is lost in asynchronous replication.
 const LAG_WINDOW: Duration = Duration::from_secs(2);
@@ -64,6 +64,8 @@ struct Group {
     pool: PgPool,
     stats: Arc<Stats>,
     members: Vec<JoinHandle<Result<(), ConsumerError>>>,
+    /// Members started again after they stopped with `ConsumerError::Stalled`.
+    restarts: Arc<AtomicUsize>,
 }
 
 /// What one group's database holds at the end.
@@ -115,9 +117,15 @@ pub async fn fail_over_under_load(replication: Replication) {
         let mut group = Group::new(&cluster, &topic, label, offsets).await;
         for member in 0..2 {
             let idem = Idem::new(cluster.client_pool(&group.database, 5));
-            group.start(&brokers, &topic, &stop, member, idem, OrderEvents, |b| {
-                b.batch_size(batch)
-            });
+            group.start(
+                &brokers,
+                &topic,
+                &stop,
+                member,
+                idem,
+                OrderEvents,
+                move |b| b.batch_size(batch),
+            );
         }
         groups.push(group);
     }
@@ -415,8 +423,15 @@ pub async fn fail_over_under_load(replication: Replication) {
     );
     eprintln!(
         "failover {replication}: {records} records ({sent_before} sent before the primary died), \
-         clients without a server for {:.2} s, {:.1} s in all",
+         clients without a server for {:.2} s, members started again after Stalled: {}; \
+         {:.1} s in all",
         outage.as_secs_f64(),
+        groups
+            .iter()
+            .chain([&notifier, &hop1, &hop2])
+            .map(|group| format!("{} {}", group.label, group.restarts.load(Ordering::SeqCst)))
+            .collect::<Vec<_>>()
+            .join(", "),
         started.elapsed().as_secs_f64()
     );
 
@@ -582,6 +597,7 @@ impl Group {
             pool,
             stats: Arc::new(Stats::default()),
             members: Vec::new(),
+            restarts: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -595,12 +611,16 @@ impl Group {
             pool: self.pool.clone(),
             stats: Arc::new(Stats::default()),
             members: Vec::new(),
+            restarts: Arc::new(AtomicUsize::new(0)),
         }
     }
 
-    /// Starts member `n` with `handler` on `idem`, settings adjusted by `configure`.
+    /// Starts member `n` with `handler` on `idem`, settings adjusted by `configure`. A
+    /// member that stops with `ConsumerError::Stalled` (the group's rebalance did not hand
+    /// it the partitions that wait) is started again, as its orchestrator would restart
+    /// the process, and counted; any other error ends the task with it.
     #[allow(clippy::too_many_arguments)]
-    fn start<H: Handler>(
+    fn start<H: Handler + Clone>(
         &mut self,
         brokers: &str,
         topic: &str,
@@ -608,19 +628,37 @@ impl Group {
         n: usize,
         idem: Idem,
         handler: H,
-        configure: impl FnOnce(ConsumerBuilder) -> ConsumerBuilder,
+        configure: impl Fn(ConsumerBuilder) -> ConsumerBuilder + Send + 'static,
     ) {
-        let builder = Consumer::builder(brokers, &self.name, topic)
-            .client_id(format!("{}-{n}", self.name))
-            .offsets(self.offsets)
-            .session_timeout(Duration::from_secs(6))
-            .retry_backoff(Duration::from_millis(50), Duration::from_secs(1))
-            .stats(self.stats.clone());
-        let consumer = configure(builder).build(idem, handler).unwrap();
-        let mut stopped = stop.subscribe();
-        self.members.push(tokio::spawn(consumer.run(async move {
-            stopped.wait_for(|stop| *stop).await.ok();
-        })));
+        let (brokers, topic, name) = (brokers.to_owned(), topic.to_owned(), self.name.clone());
+        let (offsets, stats, restarts) = (self.offsets, self.stats.clone(), self.restarts.clone());
+        let stop = stop.subscribe();
+        self.members.push(tokio::spawn(async move {
+            loop {
+                let builder = Consumer::builder(&brokers, &name, &topic)
+                    .client_id(format!("{name}-{n}"))
+                    .offsets(offsets)
+                    .session_timeout(Duration::from_secs(6))
+                    .retry_backoff(Duration::from_millis(50), Duration::from_secs(1))
+                    .stats(stats.clone());
+                let consumer = configure(builder)
+                    .build(idem.clone(), handler.clone())
+                    .unwrap();
+                let mut stopped = stop.clone();
+                match consumer
+                    .run(async move {
+                        stopped.wait_for(|stop| *stop).await.ok();
+                    })
+                    .await
+                {
+                    Err(ConsumerError::Stalled(why)) if !*stop.borrow() => {
+                        eprintln!("{name}-{n} stopped with Stalled ({why}); starting it again");
+                        restarts.fetch_add(1, Ordering::SeqCst);
+                    }
+                    ended => return ended,
+                }
+            }
+        }));
     }
 
     /// Whether the group processed every partition to its end and, with offsets in
