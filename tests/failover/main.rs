@@ -9,7 +9,13 @@
 //! Needs PostgreSQL's server programs (`scripts/services.sh up postgres` installs them):
 //! the test runs a private primary and standby of its own; `DATABASE_URL` is only the
 //! notification service's database. And the `tansu` broker (`scripts/services.sh up
-//! kafka`) or a broker in `KAFKA_BROKERS`. The scenarios take turns.
+//! kafka`) or a broker in `KAFKA_BROKERS`. The scenarios take turns. Each prints one line
+//! per mode (lost / doubled / applied once); `IDEM_FAILOVER_PROGRESS=1` prints the groups'
+//! counters every 5 s while a wait lasts.
+//!
+//! ```text
+//! cargo test -p idem-tests --test failover -- --nocapture
+//! ```
 
 mod chain;
 mod cluster;
