@@ -8,8 +8,10 @@
 
 mod batch_positions;
 mod batches;
+mod broker_restart;
 mod database_outage;
 mod database_went_back;
+mod dead_member;
 mod end_to_end;
 mod examples_start_together;
 mod lease_mode;

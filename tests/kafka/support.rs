@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idem_demo::kafka::broker::LocalBroker;
+use idem_demo::kafka::broker::{BrokerError, LocalBroker};
 use idem_demo::kafka::handlers::OrderEvents;
 use idem_demo::kafka::notifications::{NotificationService, PaymentNotifications};
 use idem_demo::kafka::producer::{self, Plan, ProduceReport};
@@ -51,6 +51,13 @@ impl Harness {
         Self::through(test_pool, label, partitions, None).await
     }
 
+    /// [`new`](Self::new), on a broker of the test's own ([`LocalBroker::private`]: a
+    /// fresh `tansu` on its own port and storage), which the test can kill and restart
+    /// (`harness.broker.kill()`, [`restart_broker`](Self::restart_broker)).
+    pub async fn with_private_broker(test_pool: &PgPool, label: &str, partitions: i32) -> Harness {
+        Self::on_broker(test_pool, label, partitions, None, LocalBroker::private).await
+    }
+
     /// [`new`](Self::new), with the consumers' handle reaching the test's database through
     /// PgBouncer in transaction pooling (`IDEM_PGBOUNCER_TRANSACTION_URL`, which
     /// `scripts/test.sh` exports); `pool` stays a direct connection, for the checks.
@@ -71,8 +78,18 @@ impl Harness {
         partitions: i32,
         pooler: Option<String>,
     ) -> Harness {
+        Self::on_broker(test_pool, label, partitions, pooler, LocalBroker::ensure).await
+    }
+
+    async fn on_broker(
+        test_pool: &PgPool,
+        label: &str,
+        partitions: i32,
+        pooler: Option<String>,
+        broker: fn() -> Result<LocalBroker, BrokerError>,
+    ) -> Harness {
         let one_at_a_time = BROKER_TESTS.lock().await;
-        let broker = tokio::task::spawn_blocking(LocalBroker::ensure)
+        let broker = tokio::task::spawn_blocking(broker)
             .await
             .unwrap()
             .unwrap_or_else(|error| panic!("{error}"));
@@ -175,6 +192,21 @@ impl Harness {
             kill,
             task,
         }
+    }
+
+    /// Starts the broker of [`with_private_broker`](Self::with_private_broker) again, on
+    /// its port and storage (killing it first if it still runs), and waits until it
+    /// answers. Returns how long the start took. The start blocks the test's thread (and
+    /// the consumers' tasks on it) for the moment `tansu` takes to listen.
+    pub async fn restart_broker(&mut self) -> Duration {
+        let started = Instant::now();
+        self.broker
+            .restart()
+            .unwrap_or_else(|error| panic!("the broker starts again: {error}"));
+        admin::wait_for_broker(&self.brokers, Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|error| panic!("the restarted broker does not answer: {error}"));
+        started.elapsed()
     }
 
     /// Publishes `plan` in the background.
@@ -281,4 +313,184 @@ pub fn total(members: &[&Arc<Stats>]) -> Snapshot {
     members
         .iter()
         .fold(Snapshot::default(), |sum, stats| sum.plus(stats.snapshot()))
+}
+
+/// [`wait_while_progressing`] for waits whose condition is checked asynchronously (SQL):
+/// fed the progress count at each round, it panics when the count has not moved for
+/// `stall`, or after ten minutes in all.
+pub struct Stillness {
+    stall: Duration,
+    started: Instant,
+    last: u64,
+    moved_at: Instant,
+}
+
+impl Stillness {
+    /// Starts watching `progress` (a count that grows while the consumers work).
+    pub fn new(stall: Duration, progress: u64) -> Self {
+        let now = Instant::now();
+        Stillness {
+            stall,
+            started: now,
+            last: progress,
+            moved_at: now,
+        }
+    }
+
+    /// One round: panics with `what()` when nothing moved for the stall bound.
+    pub fn check(&mut self, progress: u64, what: impl FnOnce() -> String) {
+        if progress != self.last {
+            self.last = progress;
+            self.moved_at = Instant::now();
+        }
+        let stall = self.stall;
+        if self.moved_at.elapsed() >= stall {
+            panic!(
+                "no progress for {stall:?} (after {:.0?} in all, at {}): {}",
+                self.started.elapsed(),
+                self.last,
+                what()
+            );
+        }
+        if self.started.elapsed() >= PROGRESSING_AT_MOST {
+            panic!(
+                "still not done after {PROGRESSING_AT_MOST:?}, though progressing (at {}): {}",
+                self.last,
+                what()
+            );
+        }
+    }
+}
+
+/// How a [`Supervisor`] starts a member, by name.
+type StartMember = dyn Fn(&Harness, &str) -> Member;
+
+/// Members run as a supervisor runs them: one whose `run` returns
+/// `ConsumerError::Stalled` is started again, with the same name and settings, and the
+/// restart is counted; any other end of a member fails the test.
+pub struct Supervisor {
+    start: Box<StartMember>,
+    pub members: Vec<Member>,
+    /// The members started again: name, and why the member had stopped.
+    pub restarts: Vec<(String, String)>,
+}
+
+impl Supervisor {
+    /// Starts the members `names` with `start`.
+    pub fn start(
+        harness: &Harness,
+        names: &[&str],
+        start: impl Fn(&Harness, &str) -> Member + 'static,
+    ) -> Supervisor {
+        Supervisor {
+            members: names.iter().map(|name| start(harness, name)).collect(),
+            start: Box::new(start),
+            restarts: Vec::new(),
+        }
+    }
+
+    /// Starts again each member that stopped with `ConsumerError::Stalled`; panics when a
+    /// member ended otherwise.
+    pub async fn check(&mut self, harness: &Harness) {
+        for member in &mut self.members {
+            if !member.task.is_finished() {
+                continue;
+            }
+            let ended = (&mut member.task).await.expect("the member's task");
+            match ended {
+                Err(ConsumerError::Stalled(why)) => {
+                    eprintln!(
+                        "{} stopped with Stalled ({why}); starting it again",
+                        member.name
+                    );
+                    self.restarts.push((member.name.clone(), why));
+                    *member = (self.start)(harness, &member.name);
+                }
+                other => panic!("{} stopped: {other:?}", member.name),
+            }
+        }
+    }
+
+    /// The members now, to stop them.
+    pub fn into_members(self) -> Vec<Member> {
+        self.members
+    }
+}
+
+/// The warnings and errors logged on the test's thread, where the consumers' tasks run
+/// (`#[sqlx::test]` runs the test on a current-thread runtime), kept as lines.
+#[derive(Default)]
+pub struct Warnings(std::sync::Mutex<Vec<String>>);
+
+/// What a member logs when it leaves its group to join it again.
+pub const REJOIN_LOGGED: &str = "leaving the group and joining it again";
+
+impl Warnings {
+    /// Keeps the warnings logged on this thread until the guard is dropped.
+    pub fn capture() -> (Arc<Warnings>, tracing::subscriber::DefaultGuard) {
+        use tracing_subscriber::layer::SubscriberExt;
+        let warnings = Arc::new(Warnings::default());
+        let subscriber = tracing_subscriber::registry().with(Keep(warnings.clone()));
+        let guard = tracing::subscriber::set_default(subscriber);
+        (warnings, guard)
+    }
+
+    /// How many of the lines contain `text`.
+    pub fn count(&self, text: &str) -> usize {
+        self.lines()
+            .iter()
+            .filter(|line| line.contains(text))
+            .count()
+    }
+
+    /// The members' rejoins (leaving the group and joining it again).
+    pub fn rejoins(&self) -> usize {
+        self.count(REJOIN_LOGGED)
+    }
+
+    /// The lines so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The last `n` lines, one a line, for a failure's message.
+    pub fn last(&self, n: usize) -> String {
+        let lines = self.lines();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+struct Keep(Arc<Warnings>);
+
+struct Line(String);
+
+impl tracing::field::Visit for Line {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write;
+        if field.name() == "message" {
+            let _ = write!(self.0, "{value:?}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Keep {
+    fn enabled(
+        &self,
+        metadata: &tracing::Metadata<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        *metadata.level() <= tracing::Level::WARN
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut line = Line(format!("{} ", event.metadata().level()));
+        event.record(&mut line);
+        self.0
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(line.0);
+    }
 }
