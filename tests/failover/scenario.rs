@@ -220,10 +220,16 @@ pub async fn fail_over_under_load(replication: Replication) {
 
     // Then the stream, at a steady rate, before, during and after the failover.
     let sent = Arc::new(AtomicUsize::new(WARM_UP));
+    // The stream in three parts, however slowly the groups formed: the first before the
+    // lag; the second (about the lag window's worth) once the standby lags, so that every
+    // group has records to apply in that window; the last once the endpoint moved.
+    let phase = watch::channel(0u8).0;
+    let holds = vec![(stream.len() * 2 / 5, 1), (stream.len() * 3 / 5, 2)];
     let producing = tokio::spawn(produce_paced(
         producer,
         topic.clone(),
         stream.to_vec(),
+        (holds, phase.subscribe()),
         sent.clone(),
     ));
     wait_while_progressing(
@@ -245,6 +251,7 @@ pub async fn fail_over_under_load(replication: Replication) {
         .map(|group| group.stats.snapshot().executed)
         .collect();
     cluster.pause_replication();
+    phase.send_replace(1);
     tokio::time::sleep(LAG_WINDOW).await;
     let sent_before = sent.load(Ordering::SeqCst);
     let at_kill: Vec<u64> = everyone
@@ -252,6 +259,7 @@ pub async fn fail_over_under_load(replication: Replication) {
         .map(|group| group.stats.snapshot().executed)
         .collect();
     let outage = cluster.fail_over().await;
+    phase.send_replace(2);
     assert!(
         sent_before < records,
         "the stream was still running when the primary died ({sent_before} of {records} sent): \
@@ -743,19 +751,32 @@ async fn keys(pool: &PgPool) -> Keys {
     }
 }
 
-/// Publishes `records` at [`RECORDS_PER_SECOND`], a chunk at a time, counting in `sent`.
+/// Publishes `records` at [`RECORDS_PER_SECOND`], a chunk at a time, counting in `sent`;
+/// each `(at, phase)` of `holds` holds record `at` and those after it until `phase` is
+/// reached.
 async fn produce_paced(
     producer: FutureProducer,
     topic: String,
     records: Vec<PlannedRecord>,
+    (mut holds, mut phase): (Vec<(usize, u8)>, watch::Receiver<u8>),
     sent: Arc<AtomicUsize>,
 ) -> producer::ProduceReport {
     const CHUNK: usize = 20;
-    let started = tokio::time::Instant::now();
+    let mut started = tokio::time::Instant::now();
     let mut report = producer::ProduceReport::default();
+    holds.reverse();
     for (n, chunk) in records.chunks(CHUNK).enumerate() {
-        let due = started + Duration::from_secs_f64((n * CHUNK) as f64 / RECORDS_PER_SECOND as f64);
-        tokio::time::sleep_until(due).await;
+        while let Some(&(at, until)) = holds.last()
+            && n * CHUNK >= at
+        {
+            // Held until the phase; the pace starts over from there.
+            holds.pop();
+            if *phase.borrow() < until {
+                phase.wait_for(|now| *now >= until).await.ok();
+                started = tokio::time::Instant::now() - pace(n * CHUNK);
+            }
+        }
+        tokio::time::sleep_until(started + pace(n * CHUNK)).await;
         let done = producer::produce(&producer, &topic, &part(chunk), CHUNK, |_, _| {})
             .await
             .unwrap();
@@ -817,6 +838,11 @@ async fn high_watermarks(brokers: &str, topic: &str) -> HashMap<i32, i64> {
     })
     .await
     .unwrap()
+}
+
+/// When record `n` of the stream is due, from its start.
+fn pace(n: usize) -> Duration {
+    Duration::from_secs_f64(n as f64 / RECORDS_PER_SECOND as f64)
 }
 
 /// A plan of `records` alone, to publish them.
