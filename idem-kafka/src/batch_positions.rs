@@ -1,13 +1,16 @@
 //! The positions of a batch, stored by the batch transaction itself.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use idem_runtime::{Idem, IdempotencyKey};
 use sqlx::PgConnection;
 
 use crate::position::Position;
+use crate::position_behind::PositionBehind;
 use crate::progress::PositionRow;
+use crate::stats::lock;
 
 /// The positions of a batch (offsets in PostgreSQL), for a batch handler to store in its
 /// transaction with [`store_once`](Self::store_once).
@@ -29,6 +32,57 @@ use crate::progress::PositionRow;
 /// The later bodies of the same transaction do not store again. A body that fails calls
 /// [`forget`](Self::forget): the batch is rolled back and run again one message per
 /// transaction, and the first of those transactions stores the positions again.
+///
+/// Call [`store_once`](Self::store_once) first in the body, before its own work: when the
+/// stored position went back ([`PositionBehind`]: the database lost commits), every
+/// transaction of the batch fails at once, without running the rest of the body, and the
+/// consumer reads the partitions again from the stored positions.
+///
+/// ```no_run
+/// use idem_kafka::{BatchPositions, Fate, Position};
+/// use idem_runtime::{Idem, idempotent};
+/// use sqlx::PgConnection;
+///
+/// #[derive(serde::Deserialize)]
+/// struct Payment { payment_id: String, amount_cents: i64 }
+///
+/// #[idempotent(key = "payment_id", scope = "payments", batch = true)]
+/// async fn record_payment(
+///     tx: &mut PgConnection,
+///     payment: &Payment,
+///     positions: &BatchPositions,
+/// ) -> Result<(), sqlx::Error> {
+///     let stored = async {
+///         positions.store_once(&mut *tx).await?;
+///         sqlx::query("INSERT INTO payments (payment_id, amount_cents) VALUES ($1, $2)")
+///             .bind(&payment.payment_id)
+///             .bind(payment.amount_cents)
+///             .execute(&mut *tx)
+///             .await
+///             .map(|_| ())
+///     };
+///     let result = stored.await;
+///     if result.is_err() {
+///         positions.forget();
+///     }
+///     result
+/// }
+///
+/// // In `Handler::handle_batch`, with the consumer's positions: the keys as the handler
+/// // derives them (its generated `<handler>_key` function), then the generated batch
+/// // function.
+/// async fn handle_batch(idem: &Idem, payments: &[Payment], positions: &[Position]) -> Vec<Fate> {
+///     let keys = payments.iter().map(|payment| {
+///         record_payment_key(payment).ok().map(|key| (key.key(), key.fingerprint()))
+///     });
+///     let positions = BatchPositions::new(idem, "payments", positions, keys);
+///     record_payment_batch(idem, payments, &positions)
+///         .await
+///         .into_iter()
+///         .map(Fate::of)
+///         .collect()
+/// }
+/// ```
 #[derive(Debug)]
 pub struct BatchPositions {
     idem: Idem,
@@ -38,6 +92,8 @@ pub struct BatchPositions {
     stored: AtomicBool,
     /// Identifies what this batch's transactions note they stored.
     token: u64,
+    /// A stored position went back: the error every later store returns at once.
+    behind: Mutex<Option<PositionBehind>>,
 }
 
 impl BatchPositions {
@@ -62,6 +118,7 @@ impl BatchPositions {
             positions: positions.to_vec(),
             keys,
             stored: AtomicBool::new(false),
+            behind: Mutex::new(None),
             token: positions
                 .first()
                 .and_then(|first| first.receipts.0.as_ref())
@@ -71,8 +128,26 @@ impl BatchPositions {
 
     /// Stores the positions (see above) unless a body of this transaction did already.
     pub async fn store_once(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        // The database went back: every transaction of this batch fails the same way, at
+        // once (the consumer then reads the partitions again from the stored positions).
+        if let Some(behind) = lock(&self.behind).clone() {
+            return Err(behind.into_sqlx());
+        }
         if self.stored.swap(true, Ordering::SeqCst) {
             return Ok(());
+        }
+        let stored = self.store(conn).await;
+        if let Err(error) = &stored
+            && let Some(behind) = PositionBehind::of(error)
+        {
+            *lock(&self.behind) = Some(behind.clone());
+        }
+        stored
+    }
+
+    async fn store(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        for position in &self.positions {
+            position.row()?;
         }
         let Some(first) = self.positions.first() else {
             return Ok(());

@@ -17,7 +17,7 @@ pub struct PartitionHeadway {
     /// The partition.
     pub partition: i32,
     /// The group's position: the next offset to process (the low watermark when the group
-    /// has none).
+    /// has none; it may lie past the high watermark, when stored by hand).
     pub position: i64,
     /// The broker's high watermark: the offset after the last record.
     pub high_watermark: i64,
@@ -83,6 +83,7 @@ impl Headway {
                     .copied()
                     .unwrap_or(marks.low)
                     .max(marks.low);
+                // (A position past the high watermark has no lag; the watch warns of it.)
                 let lag = (marks.high - position).max(0);
                 let track = self.tracks.entry(partition).or_insert(Track {
                     position,

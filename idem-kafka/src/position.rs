@@ -19,6 +19,9 @@ pub struct Position {
     /// The topic.
     pub topic: String,
     /// The partition.
+    ///
+    /// The fields say where the position stands; a position that the consumer handed out
+    /// and whose fields were changed is refused by [`store`](Self::store).
     pub partition: i32,
     /// The offset to read next (the message's offset + 1).
     pub next_offset: i64,
@@ -28,6 +31,9 @@ pub struct Position {
     pub(crate) floor: i64,
     /// Where a batch handler's transaction notes what it stored, for the consumer.
     pub(crate) receipts: ReceiptsHandle,
+    /// The topic, partition and offset the consumer handed out: a position whose fields
+    /// were changed since is refused.
+    pub(crate) handed: Option<(String, i32, i64)>,
 }
 
 impl Position {
@@ -48,6 +54,7 @@ impl Position {
             schema: schema.clone(),
             floor: -1,
             receipts: ReceiptsHandle::default(),
+            handed: None,
         }
     }
 
@@ -55,6 +62,7 @@ impl Position {
     pub(crate) fn with_floor(mut self, floor: i64, receipts: &Arc<Receipts>) -> Self {
         self.floor = floor;
         self.receipts = ReceiptsHandle(Some(receipts.clone()));
+        self.handed = Some((self.topic.clone(), self.partition, self.next_offset));
         self
     }
 
@@ -68,17 +76,33 @@ impl Position {
     /// committed: the database lost commits. Return the error from the handler's body
     /// (`?`), so that its transaction rolls back; the consumer then goes back to the
     /// stored positions, and no attempt of the message is counted.
+    ///
+    /// A position the consumer handed out whose topic, partition or offset was changed
+    /// since is refused ([`sqlx::Error::InvalidArgument`]): it would store a position for
+    /// messages that were not handled.
     pub async fn store(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        crate::store::store_positions(conn, &self.schema, &self.group, &[self.row()]).await
+        crate::store::store_positions(conn, &self.schema, &self.group, &[self.row()?]).await
     }
 
-    /// As the store writes it.
-    pub(crate) fn row(&self) -> PositionRow {
-        PositionRow {
+    /// As the store writes it; refused when changed since the consumer handed it out.
+    pub(crate) fn row(&self) -> Result<PositionRow, sqlx::Error> {
+        if let Some((topic, partition, next_offset)) = &self.handed
+            && (*topic != self.topic
+                || *partition != self.partition
+                || *next_offset != self.next_offset)
+        {
+            return Err(sqlx::Error::InvalidArgument(format!(
+                "the position handed out for {topic}/{partition} before offset {next_offset} was \
+                 changed to {}/{} before offset {}: store the position the consumer handed to \
+                 the handler, as it is",
+                self.topic, self.partition, self.next_offset
+            )));
+        }
+        Ok(PositionRow {
             topic: self.topic.clone(),
             partition: self.partition,
             next_offset: self.next_offset,
             floor: self.floor,
-        }
+        })
     }
 }

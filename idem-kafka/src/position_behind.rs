@@ -29,6 +29,14 @@ impl PositionBehind {
     pub(crate) fn into_sqlx(self) -> sqlx::Error {
         sqlx::Error::Io(std::io::Error::other(self))
     }
+
+    /// The `PositionBehind` inside `error`, if that is what it is.
+    pub fn of(error: &sqlx::Error) -> Option<&PositionBehind> {
+        match error {
+            sqlx::Error::Io(io) => io.get_ref()?.downcast_ref(),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for PositionBehind {
@@ -44,8 +52,9 @@ impl fmt::Display for PositionBehind {
         }
         write!(
             f,
-            ", behind {} that this member saw committed: the database lost commits (a failover \
-             to a standby that had not received them?); the consumer goes back to the stored \
+            ", behind {} that this member saw committed: the stored position went back (the \
+             database lost commits, as in a failover to a standby that had not received them, \
+             or it was rewritten); the consumer reads the partition again from the stored \
              position",
             self.known
         )

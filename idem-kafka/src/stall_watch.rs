@@ -189,6 +189,13 @@ impl StallWatch {
     }
 
     fn report(&self, seen: &[PartitionHeadway], held: usize) {
+        for partition in seen.iter().filter(|p| p.position > p.high_watermark) {
+            tracing::warn!(
+                group = %self.group, topic = %self.topic, partition = partition.partition,
+                position = partition.position, high_watermark = partition.high_watermark,
+                "the group's position is past the partition's last record: a position stored by hand, or a topic created again; records produced up to that position will not be consumed"
+            );
+        }
         for partition in seen {
             let labels = [
                 ("group", self.group.clone()),
@@ -277,7 +284,7 @@ impl StallWatch {
             if holds_nothing {
                 (
                     format!(
-                        "this member holds no partition of {} while partitions {not_held:?} have lag and have not moved for longer than {:?}: the group's rebalance does not complete, or gives them to members that are gone",
+                        "this member holds no partition of {} while partitions {not_held:?} have lag and have not moved for longer than {:?}: the group's rebalance does not complete, or gives them to members that are gone or that do not consume them",
                         self.topic, self.bounds.stall
                     ),
                     true,
@@ -285,7 +292,7 @@ impl StallWatch {
             } else {
                 (
                     format!(
-                        "partitions {not_held:?} of {} have lag and have not moved for longer than {:?}, and no member here holds them: their member may be gone without leaving the group",
+                        "partitions {not_held:?} of {} have lag and have not moved for longer than {:?}, and no member here holds them: their member may be gone without leaving the group, or may not consume them",
                         self.topic, self.bounds.stall
                     ),
                     false,
