@@ -39,8 +39,9 @@ pub struct LagArgs {
     /// table's schema followed by `_kafka`).
     #[arg(long)]
     kafka_schema: Option<String>,
-    /// A partition with lag whose stored position has not moved for longer than this is
-    /// stalled (`90s`, `15m`, `2h`).
+    /// A partition with lag whose stored position has not moved for longer than this, and
+    /// whose oldest waiting record has waited that long too, is stalled (`90s`, `15m`,
+    /// `2h`).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     stalled_after: Duration,
 }
@@ -103,7 +104,15 @@ pub async fn run(idem: &Idem, out: &Output, args: LagArgs) -> Result<(), Failure
             let moved_ago = lag
                 .moved_at
                 .map(|at| (now - at).to_std().unwrap_or(Duration::ZERO));
-            let stalled = lag.lag > 0 && moved_ago.is_some_and(|ago| ago > args.stalled_after);
+            // Stalled: the position has not moved for longer than the bound, and the
+            // oldest record waiting has waited that long too (a record that just reached
+            // an idle partition has not).
+            let waited = |at: DateTime<Utc>| (now - at).to_std().unwrap_or(Duration::ZERO);
+            let stalled = lag.lag > 0
+                && moved_ago.is_some_and(|ago| ago > args.stalled_after)
+                && lag
+                    .waiting_since
+                    .is_none_or(|at| waited(at) > args.stalled_after);
             Row {
                 lag,
                 moved_ago,
@@ -216,6 +225,7 @@ fn show(out: &Output, args: &LagArgs, schema: &Schema, rows: &[Row]) {
                 "lag": row.lag.lag,
                 "moved_at": row.lag.moved_at.map(|at| at.to_rfc3339()),
                 "moved_seconds_ago": row.moved_ago.map(|ago| ago.as_secs_f64()),
+                "waiting_since": row.lag.waiting_since.map(|at| at.to_rfc3339()),
                 "stalled": row.stalled,
             })).collect::<Vec<_>>(),
             "total_lag": total,

@@ -1142,6 +1142,8 @@ async fn topic_with_records(brokers: &str, records: &[i64]) -> String {
         .set("message.timeout.ms", "10000")
         .create()
         .unwrap();
+    // Records waiting since 10 minutes ago, as a stalled partition's are.
+    let stamped_at = chrono::Utc::now().timestamp_millis() - 600_000;
     for (partition, count) in (0..).zip(records) {
         for n in 0..*count {
             let payload = format!("record {n}");
@@ -1149,7 +1151,8 @@ async fn topic_with_records(brokers: &str, records: &[i64]) -> String {
                 .send(
                     FutureRecord::<str, str>::to(&topic)
                         .partition(partition)
-                        .payload(&payload),
+                        .payload(&payload)
+                        .timestamp(stamped_at),
                     Duration::from_secs(10),
                 )
                 .await
@@ -1282,6 +1285,8 @@ async fn lag_shows_every_partition_and_exits_8_when_one_stalled(pool: PgPool) {
         "{document}"
     );
 
+    assert!(first["waiting_since"].is_string(), "{document}");
+
     // A longer bound: nothing stalled, exit code 0.
     let patient = ok(lag(&["--offsets", "postgres", "--stalled-after", "1h"]));
     assert!(
@@ -1292,6 +1297,54 @@ async fn lag_shows_every_partition_and_exits_8_when_one_stalled(pool: PgPool) {
         patient.stdout
     );
     assert!(!patient.stdout.contains("stalled\n"), "{}", patient.stdout);
+    // An idle partition (caught up, its position last moved ten minutes ago) that a record
+    // just reached: lag, but nothing has waited long: not stalled.
+    sqlx::query(
+        "UPDATE idem_kafka.kafka_offsets SET next_offset = 3, updated_at = now() - interval '10 minutes' \
+         WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = 1",
+    )
+    .bind(&group)
+    .bind(&topic)
+    .execute(&pool)
+    .await
+    .unwrap();
+    {
+        use rdkafka::ClientConfig;
+        use rdkafka::producer::{FutureProducer, FutureRecord};
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("message.timeout.ms", "10000")
+            .create()
+            .unwrap();
+        producer
+            .send(
+                FutureRecord::<str, str>::to(&topic)
+                    .partition(1)
+                    .payload("fresh"),
+                std::time::Duration::from_secs(10),
+            )
+            .await
+            .unwrap_or_else(|(error, _)| panic!("producing to {topic}: {error}"));
+    }
+    let fresh = lag(&["--offsets", "postgres", "--json"]);
+    let document = fresh.json();
+    let idle = &document["partitions"][1];
+    assert_eq!(
+        (&idle["lag"], &idle["stalled"]),
+        (&1.into(), &false.into()),
+        "{document}"
+    );
+    // Back as it was for what follows.
+    sqlx::query(
+        "UPDATE idem_kafka.kafka_offsets SET next_offset = 1, updated_at = now() \
+         WHERE consumer_group = $1 AND topic = $2 AND kafka_partition = 1",
+    )
+    .bind(&group)
+    .bind(&topic)
+    .execute(&pool)
+    .await
+    .unwrap();
+
     // The schema named; another one without the table.
     ok(lag(&[
         "--offsets",
@@ -1309,14 +1362,15 @@ async fn lag_shows_every_partition_and_exits_8_when_one_stalled(pool: PgPool) {
     );
 
     // Positions in Kafka (the default), where the group committed nothing: no position,
-    // the whole partition is lag, nothing said stalled.
+    // the whole partition is lag (partition 1 holds the fresh record too), nothing said
+    // stalled.
     let kafka = ok(lag(&["--json"])).json();
     assert_eq!(kafka["offsets"], "kafka");
     assert_eq!(kafka["schema"], Value::Null);
-    assert_eq!(kafka["total_lag"], 8);
+    assert_eq!(kafka["total_lag"], 9);
     assert_eq!(kafka["stalled"], 0);
     assert_eq!(kafka["partitions_with_position"], 0);
-    for (partition, high) in [(0, 5), (1, 3)] {
+    for (partition, high) in [(0, 5), (1, 4)] {
         let row = &kafka["partitions"][partition];
         assert_eq!(
             (
@@ -1344,7 +1398,7 @@ async fn lag_shows_every_partition_and_exits_8_when_one_stalled(pool: PgPool) {
         kafka.stdout
     );
     assert_eq!(lines[2], "0          -         0    5     5    -");
-    assert_eq!(lines[3], "1          -         0    3     3    -");
+    assert_eq!(lines[3], "1          -         0    4     4    -");
     assert!(
         kafka
             .stdout
@@ -1358,10 +1412,10 @@ async fn lag_shows_every_partition_and_exits_8_when_one_stalled(pool: PgPool) {
     let committed = ok(lag(&["--offsets", "kafka"]));
     let lines: Vec<&str> = committed.stdout.lines().collect();
     assert_eq!(lines[2], "0          4         0    5     1    -");
-    assert_eq!(lines[3], "1          -         0    3     3    -");
+    assert_eq!(lines[3], "1          -         0    4     4    -");
     assert_eq!(
         lines[4],
-        "total lag: 4 on 2 partition(s); 0 stalled (lag, and no move for longer than 30s)"
+        "total lag: 5 on 2 partition(s); 0 stalled (lag, and no move for longer than 30s)"
     );
     assert_eq!(
         lines[5],

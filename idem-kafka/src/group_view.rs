@@ -96,6 +96,36 @@ impl GroupView {
             .collect())
     }
 
+    /// The timestamp of the record at each of `starts` (partition, offset): the oldest
+    /// record waiting there (blocking; those it cannot read within the broker timeout are
+    /// left out).
+    pub fn record_times(&self, starts: &[(i32, i64)]) -> KafkaResult<HashMap<i32, i64>> {
+        let mut times = HashMap::new();
+        if starts.is_empty() {
+            return Ok(times);
+        }
+        let mut list = TopicPartitionList::new();
+        for &(partition, offset) in starts {
+            list.add_partition_offset(&self.topic, partition, Offset::Offset(offset))?;
+        }
+        self.client.assign(&list)?;
+        let deadline = std::time::Instant::now() + BROKER_TIMEOUT;
+        while times.len() < starts.len() && std::time::Instant::now() < deadline {
+            let Some(Ok(message)) = self.client.poll(Duration::from_millis(100)) else {
+                continue;
+            };
+            use rdkafka::Message as _;
+            let wanted = starts.iter().any(|&(partition, offset)| {
+                partition == message.partition() && offset == message.offset()
+            });
+            if wanted && let Some(at) = message.timestamp().to_millis() {
+                times.insert(message.partition(), at);
+            }
+        }
+        self.client.unassign()?;
+        Ok(times)
+    }
+
     /// [`watermarks`](Self::watermarks) and, offsets in Kafka, the committed offsets, off
     /// the async runtime.
     pub async fn look(
@@ -133,6 +163,11 @@ pub struct PartitionLag {
     pub lag: i64,
     /// When the stored position last moved (offsets in PostgreSQL; `None` in Kafka).
     pub moved_at: Option<DateTime<Utc>>,
+    /// With lag: the timestamp of the oldest record waiting (the one at the position), as
+    /// its producer or the broker stamped it (`None` without lag, or when it could not be
+    /// read). A position that has not moved for long is stalled only if records have
+    /// waited that long: a record that just arrived on an idle partition has not.
+    pub waiting_since: Option<DateTime<Utc>>,
 }
 
 /// The lag of consumer `group` on every partition of `topic`: the broker's watermarks
@@ -162,7 +197,7 @@ pub async fn group_lag(
         }
         OffsetStore::Kafka => HashMap::new(),
     };
-    Ok(watermarks
+    let mut lags: Vec<PartitionLag> = watermarks
         .into_iter()
         .map(|(partition, marks)| {
             let (position, moved_at) = match &committed {
@@ -180,7 +215,28 @@ pub async fn group_lag(
                 high_watermark: marks.high,
                 lag: (marks.high - from).max(0),
                 moved_at,
+                waiting_since: None,
             }
         })
-        .collect())
+        .collect();
+    let starts: Vec<(i32, i64)> = lags
+        .iter()
+        .filter(|lag| lag.lag > 0)
+        .map(|lag| {
+            let from = lag
+                .position
+                .unwrap_or(lag.low_watermark)
+                .max(lag.low_watermark);
+            (lag.partition, from)
+        })
+        .collect();
+    let times = tokio::task::spawn_blocking(move || view.record_times(&starts))
+        .await
+        .unwrap_or(Err(rdkafka::error::KafkaError::Canceled))?;
+    for lag in &mut lags {
+        lag.waiting_since = times
+            .get(&lag.partition)
+            .and_then(|&at| DateTime::<Utc>::from_timestamp_millis(at));
+    }
+    Ok(lags)
 }
