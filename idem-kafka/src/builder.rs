@@ -101,13 +101,13 @@ impl ConsumerBuilder {
     }
 
     /// How long a partition with records behind its position may stand still before it
-    /// counts as stalled (default: twice the session timeout, 60 s; a broker expels a
-    /// silent member only after its session, and a rejoin before then would hand its
-    /// partitions back to it).
+    /// counts as stalled (default: twice the session timeout and at least 30 s, so 60 s
+    /// with the default session; a broker expels a silent member only after its session,
+    /// and a rejoin before then would hand its partitions back to it).
     ///
     /// Every member watches every partition of its topic (the broker's watermarks beside
-    /// the group's stored or committed positions, every sixth of the bound, at most every
-    /// 5 s): a stalled partition is logged at warn level, again every bound while it
+    /// the group's stored or committed positions, every third of the bound, at most every
+    /// 10 s): a stalled partition is logged at warn level, again every bound while it
     /// stays stalled, and shows in the gauges and in [`Stats::headway`], whoever holds it.
     /// While the database answers (an outage stops every partition, and is not the
     /// group's):

@@ -249,7 +249,7 @@ impl<H: Handler> Consumer<H> {
             activity: self.activity.clone(),
             stats: self.stats.clone(),
             bounds: Bounds {
-                every: (stall / 6).clamp(Duration::from_millis(500), Duration::from_secs(5)),
+                every: (stall / 3).clamp(Duration::from_secs(1), Duration::from_secs(10)),
                 stall,
                 give_up: stall * 2,
             },

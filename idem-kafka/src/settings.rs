@@ -27,10 +27,13 @@ pub(crate) struct Settings {
 
 impl Settings {
     /// How long a partition with lag may stand still before it counts as stalled: as set,
-    /// or twice the session timeout (a broker expels a silent member only after its
-    /// session, and a rejoin before then hands its partitions back to it).
+    /// or twice the session timeout and at least 30 s (a broker expels a silent member
+    /// only after its session, and a rejoin before then hands its partitions back to it;
+    /// a group that is still forming, its members joining one after another, needs a few
+    /// rebalances first).
     pub fn stall_bound(&self) -> Duration {
-        self.stall_bound.unwrap_or(self.session_timeout * 2)
+        self.stall_bound
+            .unwrap_or((self.session_timeout * 2).max(Duration::from_secs(30)))
     }
 
     /// The heartbeat interval: a quarter of the session, at most 3 s (a member learns of a
