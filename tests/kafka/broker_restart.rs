@@ -313,16 +313,7 @@ async fn restarted(pool: PgPool, scenario: Scenario) {
     let restarts = supervisor.restarts.clone();
     harness.stop(supervisor.into_members()).await;
 
-    let verification = verify::verify(&pool, &events).await.unwrap();
-    assert!(verification.exactly_once(), "{verification}");
-    let unfinished: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM idem.idem_keys WHERE status <> 'success'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(unfinished, 0, "every key succeeded, nothing parked");
-    let dead = verify::dead_letters(&pool, &harness.group).await.unwrap();
-    assert!(dead.is_empty(), "no dead letters: {dead:?}");
+    crate::support::assert_every_fact_once(&pool, &harness.group, &events).await;
     let total = delivered();
     eprintln!(
         "broker restart [{label}]: killed at {at_kill} of {} deliveries, down {outage:?} (start took {start_took:.1?}); \

@@ -191,16 +191,7 @@ async fn dead_member(pool: PgPool, offsets: OffsetStore) {
     let restarts = supervisor.restarts.clone();
     harness.stop(supervisor.into_members()).await;
 
-    let verification = verify::verify(&pool, &events).await.unwrap();
-    assert!(verification.exactly_once(), "{verification}");
-    let unfinished: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM idem.idem_keys WHERE status <> 'success'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(unfinished, 0, "every key succeeded, nothing parked");
-    let dead = verify::dead_letters(&pool, &harness.group).await.unwrap();
-    assert!(dead.is_empty(), "no dead letters: {dead:?}");
+    crate::support::assert_every_fact_once(&pool, &harness.group, &events).await;
     eprintln!(
         "dead member [offsets {offsets}]: killed holding {:?} after {} deliveries; {:?} reported stalled and not held {reported:.1?} after the kill, \
          every fact applied exactly once {recovered:.1?} after it; rejoins {rejoins}, restarts {} {restarts:?}; \

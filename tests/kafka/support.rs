@@ -8,7 +8,8 @@ use idem_demo::kafka::broker::{BrokerError, LocalBroker};
 use idem_demo::kafka::handlers::OrderEvents;
 use idem_demo::kafka::notifications::{NotificationService, PaymentNotifications};
 use idem_demo::kafka::producer::{self, Plan, ProduceReport};
-use idem_demo::kafka::{self, admin};
+use idem_demo::kafka::{self, admin, verify};
+use idem_demo::orders::OrderEvent;
 use idem_kafka::test_util::KillSwitch;
 use idem_kafka::{Consumer, ConsumerBuilder, ConsumerError, Handler, OffsetStore, Snapshot, Stats};
 use idem_runtime::Idem;
@@ -493,4 +494,19 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Keep {
             .unwrap_or_else(|e| e.into_inner())
             .push(line.0);
     }
+}
+
+/// Every fact of `events` applied exactly once (effects and order totals, by SQL), every
+/// key `success` (nothing parked or failed) and no dead letter of `group`.
+pub async fn assert_every_fact_once(pool: &PgPool, group: &str, events: &[OrderEvent]) {
+    let verification = verify::verify(pool, events).await.unwrap();
+    assert!(verification.exactly_once(), "{verification}");
+    let unfinished: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM idem.idem_keys WHERE status <> 'success'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(unfinished, 0, "every key succeeded, nothing parked");
+    let dead = verify::dead_letters(pool, group).await.unwrap();
+    assert!(dead.is_empty(), "no dead letters: {dead:?}");
 }

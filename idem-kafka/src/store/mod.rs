@@ -151,16 +151,11 @@ pub async fn stored_offsets(
     group: &str,
     topic: &str,
 ) -> Result<HashMap<i32, i64>, sqlx::Error> {
-    let rows: Vec<(i32, i64)> = sqlx::query_as(&format!(
-        "SELECT kafka_partition, next_offset FROM {} WHERE consumer_group = $1 AND topic = $2",
-        offsets_table(schema)
-    ))
-    .bind(group)
-    .bind(topic)
-    .persistent(schema.prepared())
-    .fetch_all(conn)
-    .await?;
-    Ok(rows.into_iter().collect())
+    Ok(stored_positions_moved(conn, schema, group, topic)
+        .await?
+        .into_iter()
+        .map(|(partition, (next, _))| (partition, next))
+        .collect())
 }
 
 /// The stored next offsets of `group` in `topic`, by partition, with when each was last
