@@ -112,8 +112,24 @@ impl Stats {
         self.batches.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A message done with: its final fate.
+    /// A message done with: its final fate. Also counted in the metrics
+    /// `idem_kafka_messages_total{topic, fate}` and, for a dead letter,
+    /// `idem_kafka_dead_letters_total{topic, reason}`.
     pub(crate) fn processed(&self, topic: &str, partition: i32, offset: i64, fate: &Fate) {
+        if fate.is_final() {
+            metrics::counter!(
+                "idem_kafka_messages_total",
+                "topic" => topic.to_owned(), "fate" => fate.as_str()
+            )
+            .increment(1);
+        }
+        if let Fate::DeadLetter { reason, .. } = fate {
+            metrics::counter!(
+                "idem_kafka_dead_letters_total",
+                "topic" => topic.to_owned(), "reason" => reason.as_str()
+            )
+            .increment(1);
+        }
         let counter = match fate {
             Fate::Executed => &self.executed,
             Fate::Duplicate => &self.duplicates,
@@ -133,7 +149,11 @@ impl Stats {
         lock(&self.positions).insert((topic.to_owned(), partition), next.max(0));
     }
 
+    /// A retry; also counted in the metric `idem_kafka_retries_total{kind}`: `in_progress`
+    /// (another delivery held the key) or `failure`.
     pub(crate) fn retried(&self, in_progress: bool) {
+        let kind = if in_progress { "in_progress" } else { "failure" };
+        metrics::counter!("idem_kafka_retries_total", "kind" => kind).increment(1);
         self.retries.fetch_add(1, Ordering::Relaxed);
         if in_progress {
             self.in_progress.fetch_add(1, Ordering::Relaxed);
