@@ -4,13 +4,14 @@
 # poolers. Running instances are reused; everything listens on loopback only; `down` stops
 # only what this script started.
 #
-#   scripts/services.sh [up] [--print-env] [postgres] [kafka] [redis] [pgbouncer]
+#   scripts/services.sh [up] [--print-env] [postgres] [kafka] [redis] [pgbouncer] [prometheus]
 #                                  start what is missing (default: postgres kafka); with
 #                                  --print-env, progress goes to stderr and stdout gets
 #                                  `export DATABASE_URL=...` / `export REDIS_URL=...` /
 #                                  `export IDEM_PGBOUNCER_SESSION_URL=...` /
-#                                  `export IDEM_PGBOUNCER_TRANSACTION_URL=...` lines for
-#                                  `eval` (how test.sh and demo.sh use it)
+#                                  `export IDEM_PGBOUNCER_TRANSACTION_URL=...` /
+#                                  `export PROMETHEUS_URL=...` / `export PROMTOOL=...` lines
+#                                  for `eval` (how test.sh and demo.sh use it)
 #   scripts/services.sh down       stop what this script started
 #   scripts/services.sh status     show what runs
 #
@@ -33,6 +34,12 @@
 # console (database `pgbouncer`: SHOW CONFIG, SHOW POOLS). One that runs is reused, or
 # restarted when the server or the user changed. As root, they run as the user `postgres`
 # (or `nobody`): PgBouncer refuses root too.
+# Prometheus (`prometheus`): a private server in $IDEM_SERVICES_DIR/prometheus (its
+# configuration, data, pid file and log) on a free loopback port from PROMETHEUS_PORT on,
+# scraping every second the targets of PROMETHEUS_TARGETS (rewritten at each `up`; the
+# server picks them up within a second) and evaluating the rule files of PROMETHEUS_RULES;
+# `promtool` comes with it. Installing the package may start its own service: this script
+# stops and disables it.
 # Missing server programs are installed with apt-get or dnf when this runs as root or with
 # password-less sudo; otherwise the script stops with the command to run.
 #
@@ -43,8 +50,12 @@
 #   REDIS_URL          where Redis is expected (default redis://127.0.0.1:6379)
 #   REDIS_PORT         Redis's port on 127.0.0.1 when REDIS_URL is not set (default 6379)
 #   KAFKA_PORT         the broker's port on 127.0.0.1 (default 9092)
+#   PROMETHEUS_PORT    the first port the private Prometheus may take (default 9090)
+#   PROMETHEUS_TARGETS what it scrapes, host:port[,host:port...] (/metrics of each)
+#   PROMETHEUS_RULES   rule files it evaluates, path[,path...]
 #   IDEM_NO_INSTALL=1  fail with the command to run instead of installing what is missing
-#                      (tansu, PostgreSQL's or Redis's server programs, pgbouncer)
+#                      (tansu, PostgreSQL's or Redis's server programs, pgbouncer,
+#                      prometheus)
 set -euo pipefail
 
 TANSU_VERSION=0.6.0
@@ -883,6 +894,161 @@ $(tail -n 20 "$STATE_DIR/tansu.log")"
 }
 
 # ---------------------------------------------------------------------------------------
+# Prometheus
+
+# A private Prometheus server (Debian's package `prometheus`, which brings `promtool`) in
+# $STATE_DIR/prometheus: its own configuration, data directory, pid file and log, on
+# loopback, scraping every second the targets listed in its targets.json (file-based
+# discovery: rewritten from PROMETHEUS_TARGETS at each `up`, re-read by the server within
+# a second) and loading the rule files of PROMETHEUS_RULES. The package's own service,
+# which installing the package may start, is stopped and disabled: it would hold port 9090.
+PROM_DIR=$STATE_DIR/prometheus
+PROM_BIN=""
+PROMTOOL_BIN=""
+PROM_URL="" # the private server's URL, once up
+
+find_prometheus_tools() { # sets PROM_BIN and PROMTOOL_BIN
+    PROM_BIN=$(command -v prometheus 2>/dev/null) || return 1
+    PROMTOOL_BIN=$(command -v promtool 2>/dev/null) || return 1
+}
+
+# The package's service, started by the install: stopped and kept from starting at boot.
+stop_package_prometheus() {
+    local log=$STATE_DIR/install.log
+    if command -v systemctl >/dev/null 2>&1 && [[ -d /run/systemd/system ]]; then
+        as_root systemctl disable --now prometheus >>"$log" 2>&1 || true
+    elif [[ -x /etc/init.d/prometheus ]]; then
+        as_root /etc/init.d/prometheus stop >>"$log" 2>&1 || true
+        if command -v update-rc.d >/dev/null 2>&1; then
+            as_root update-rc.d prometheus disable >>"$log" 2>&1 || true
+        fi
+    fi
+}
+
+ensure_prometheus_binaries() {
+    find_prometheus_tools && return 0
+    say "prometheus: prometheus and promtool are not installed"
+    install_packages "Prometheus (prometheus, promtool)" prometheus golang-github-prometheus \
+        "macOS: brew install prometheus; Arch: pacman -S prometheus; Alpine: apk add prometheus"
+    find_prometheus_tools || fail "Prometheus was installed but prometheus and promtool are not on PATH"
+    stop_package_prometheus
+    say "prometheus: installed ($PROM_BIN, $PROMTOOL_BIN; the package's own service stopped and disabled)"
+}
+
+# The pid of the private server, when it runs.
+prometheus_pid() {
+    local pid
+    pid=$(cat "$PROM_DIR/prometheus.pid" 2>/dev/null) || return 1
+    [[ $pid =~ ^[0-9]+$ ]] && still_runs "$pid" || return 1
+    # Its command line names its configuration (a pid reused by another program does not).
+    [[ ! -d /proc ]] || grep -qaF -- "$PROM_DIR/prometheus.yml" "/proc/$pid/cmdline" 2>/dev/null || return 1
+    printf '%s\n' "$pid"
+}
+
+# The HTTP status of GET `path` at 127.0.0.1:`port` (status 1 when nothing answers).
+http_status() { # port path
+    (
+        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$2" >&3
+        line=""
+        IFS= read -r -t 3 line <&3 || exit 1
+        line=${line#* }
+        printf '%s\n' "${line%% *}"
+    ) 2>/dev/null
+}
+
+prometheus_config() { # the configuration, from PROMETHEUS_RULES
+    local rules=() file
+    if [[ -n ${PROMETHEUS_RULES:-} ]]; then
+        IFS=, read -r -a rules <<<"$PROMETHEUS_RULES"
+    fi
+    printf '%s\n' "# idem's private Prometheus (scripts/services.sh): written at each start" \
+        "global:" "  scrape_interval: 1s" "  scrape_timeout: 1s" "  evaluation_interval: 1s"
+    if ((${#rules[@]})); then
+        printf '%s\n' "rule_files:"
+        for file in "${rules[@]}"; do
+            [[ -f $file ]] || fail "the rule file $file (PROMETHEUS_RULES) does not exist"
+            printf '  - "%s"\n' "$(cd "$(dirname "$file")" && pwd)/$(basename "$file")"
+        done
+    fi
+    printf '%s\n' "scrape_configs:" "  - job_name: idem" "    file_sd_configs:" \
+        "      - files: [\"$PROM_DIR/targets.json\"]" "        refresh_interval: 1s"
+}
+
+prometheus_targets() { # the targets file, from PROMETHEUS_TARGETS (host:port,...)
+    local targets=() target list=""
+    if [[ -n ${PROMETHEUS_TARGETS:-} ]]; then
+        IFS=, read -r -a targets <<<"$PROMETHEUS_TARGETS"
+    fi
+    for target in "${targets[@]+"${targets[@]}"}"; do
+        [[ $target =~ ^[A-Za-z0-9.:_\[\]-]+$ ]] || fail "'$target' in PROMETHEUS_TARGETS is not a host:port"
+        list+="${list:+, }\"$target\""
+    done
+    printf '[{"targets": [%s], "labels": {}}]\n' "$list"
+}
+
+start_prometheus() {
+    mkdir -p "$PROM_DIR"
+    exec 5>"$STATE_DIR/prometheus.lock"
+    flock 5
+    ensure_prometheus_binaries
+    local config pid port
+    config=$(prometheus_config)
+    # Written first: a running server re-reads it within a second.
+    prometheus_targets >"$PROM_DIR/targets.json.new"
+    mv "$PROM_DIR/targets.json.new" "$PROM_DIR/targets.json"
+    if pid=$(prometheus_pid); then
+        port=$(cat "$PROM_DIR/port")
+        if [[ $config != "$(cat "$PROM_DIR/prometheus.yml")" ]]; then
+            printf '%s\n' "$config" >"$PROM_DIR/prometheus.yml"
+            kill -HUP "$pid"
+            say "prometheus: running at 127.0.0.1:$port (reused; started by this script; its rule files changed: reloaded)"
+        else
+            say "prometheus: running at 127.0.0.1:$port (reused; started by this script)"
+        fi
+    else
+        printf '%s\n' "$config" >"$PROM_DIR/prometheus.yml"
+        port=$(free_port "${PROMETHEUS_PORT:-9090}")
+        say "prometheus: starting a private server on 127.0.0.1:$port (data in $PROM_DIR/data, log: $PROM_DIR/prometheus.log)"
+        (
+            exec setsid "$PROM_BIN" --config.file="$PROM_DIR/prometheus.yml" \
+                --storage.tsdb.path="$PROM_DIR/data" --storage.tsdb.retention.time=1d \
+                --web.listen-address="127.0.0.1:$port" \
+                </dev/null >>"$PROM_DIR/prometheus.log" 2>&1 5>&- 6>&- 7>&- 8>&- 9>&-
+        ) &
+        pid=$!
+        printf '%s\n' "$pid" >"$PROM_DIR/prometheus.pid"
+        printf '%s\n' "$port" >"$PROM_DIR/port"
+        local deadline=$((SECONDS + 60))
+        until [[ $(http_status "$port" /-/ready || true) == 200 ]]; do
+            if ((SECONDS >= deadline)) || ! still_runs "$pid"; then
+                kill "$pid" 2>/dev/null || true
+                rm -f "$PROM_DIR/prometheus.pid"
+                fail "prometheus did not start; the end of $PROM_DIR/prometheus.log:
+$(tail -n 20 "$PROM_DIR/prometheus.log")"
+            fi
+            sleep 0.2
+        done
+        say "prometheus: running at 127.0.0.1:$port (started; pid $pid)"
+    fi
+    PROM_URL=http://127.0.0.1:$port
+    flock -u 5
+    exec 5>&-
+}
+
+stop_prometheus() { # status 0 when it stopped one
+    local pid
+    pid=$(prometheus_pid) || {
+        rm -f "$PROM_DIR/prometheus.pid"
+        return 1
+    }
+    kill "$pid" 2>/dev/null || true
+    wait_gone "$pid" 30 || fail "prometheus (pid $pid) did not stop within 30 s"
+    rm -f "$PROM_DIR/prometheus.pid"
+    say "prometheus: stopped (pid $pid)"
+}
+
+# ---------------------------------------------------------------------------------------
 
 # Whether process `pid` still runs: a zombie does not (a daemon's zombie waits for init,
 # which may reap it only a second or two later).
@@ -926,6 +1092,7 @@ stop_started() {
         stopped=1
     fi
     stop_pgbouncer && stopped=1
+    stop_prometheus && stopped=1
     stop_postgres && stopped=1
     ((stopped)) || say "nothing to stop: this script started no service that still runs"
 }
@@ -967,11 +1134,19 @@ status() {
         pgb_pid "$mode" >/dev/null && state="pool_mode=$mode, running (started by this script)"
         printf '%-10s %s  %s\n' "pgbouncer:" "$address" "$state"
     done
+    address=-
+    state="not running"
+    if prometheus_pid >/dev/null; then
+        address=127.0.0.1:$(cat "$PROM_DIR/port")
+        state="running (private server in $PROM_DIR, started by this script)"
+    fi
+    printf '%-10s %s  %s\n' "prometheus:" "$address" "$state"
 }
 
 mkdir -p "$STATE_DIR"
 STATE_DIR=$(cd "$STATE_DIR" && pwd)
 PG_DIR=$STATE_DIR/postgres
+PROM_DIR=$STATE_DIR/prometheus
 command=up
 case ${1:-} in
 up | down | status)
@@ -994,8 +1169,8 @@ services=()
 for argument in "$@"; do
     case $argument in
     --print-env) PRINT_ENV=1 ;;
-    postgres | kafka | redis | pgbouncer) services+=("$argument") ;;
-    *) fail "unknown service '$argument'; expected postgres, kafka, redis or pgbouncer (or --print-env)" ;;
+    postgres | kafka | redis | pgbouncer | prometheus) services+=("$argument") ;;
+    *) fail "unknown service '$argument'; expected postgres, kafka, redis, pgbouncer or prometheus (or --print-env)" ;;
     esac
 done
 ((${#services[@]})) || services=(postgres kafka)
@@ -1017,6 +1192,7 @@ for service in "${services[@]}"; do
     kafka) start_kafka ;;
     redis) start_redis ;;
     pgbouncer) start_pgbouncer ;;
+    prometheus) start_prometheus ;;
     esac
 done
 if ((PRINT_ENV)); then
@@ -1024,4 +1200,5 @@ if ((PRINT_ENV)); then
     [[ -z $REDIS_OUT_URL ]] || printf 'export REDIS_URL=%q\n' "$REDIS_OUT_URL"
     [[ -z $PGB_SESSION_URL ]] || printf 'export IDEM_PGBOUNCER_SESSION_URL=%q\n' "$PGB_SESSION_URL"
     [[ -z $PGB_TRANSACTION_URL ]] || printf 'export IDEM_PGBOUNCER_TRANSACTION_URL=%q\n' "$PGB_TRANSACTION_URL"
+    [[ -z $PROM_URL ]] || printf 'export PROMETHEUS_URL=%q\nexport PROMTOOL=%q\n' "$PROM_URL" "$PROMTOOL_BIN"
 fi
