@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Every test: unit, integration (PostgreSQL, PgBouncer, Redis, the Kafka-API broker),
-# compile-fail and doc tests. Starts the services that are missing first (private
-# PostgreSQL and Redis servers when none answers, two private PgBouncer poolers; the first
-# run installs the tansu broker, about 12 minutes) and runs the tests against them; extra
-# arguments go to `cargo test`. Last, the examples are built outside the workspace from the
-# dependency list in examples/README.md (scripts/check-examples.sh).
+# compile-fail and doc tests, among them the guide's code blocks (idem-guide). Starts the
+# services that are missing first (private PostgreSQL and Redis servers when none
+# answers, two private PgBouncer poolers; the first run installs the tansu broker, about
+# 12 minutes) and runs the tests against them; extra arguments go to `cargo test`. Last,
+# the examples are built outside the workspace from the dependency list in
+# examples/README.md (scripts/check-examples.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
