@@ -45,6 +45,7 @@
 //! `synchronous_commit` on only (PgBouncer passes no `options` startup parameter), no size
 //! report.
 
+#[path = "../common/proxy.rs"]
 mod proxy;
 mod report;
 mod scenarios;
