@@ -152,7 +152,11 @@ impl Stats {
     /// A retry; also counted in the metric `idem_kafka_retries_total{kind}`: `in_progress`
     /// (another delivery held the key) or `failure`.
     pub(crate) fn retried(&self, in_progress: bool) {
-        let kind = if in_progress { "in_progress" } else { "failure" };
+        let kind = if in_progress {
+            "in_progress"
+        } else {
+            "failure"
+        };
         metrics::counter!("idem_kafka_retries_total", "kind" => kind).increment(1);
         self.retries.fetch_add(1, Ordering::Relaxed);
         if in_progress {
