@@ -980,8 +980,9 @@ prometheus_targets() { # the targets file, from PROMETHEUS_TARGETS (host:port,..
     if [[ -n ${PROMETHEUS_TARGETS:-} ]]; then
         IFS=, read -r -a targets <<<"$PROMETHEUS_TARGETS"
     fi
+    local pattern='^[][A-Za-z0-9.:_-]+:[0-9]+$' # host:port, [IPv6]:port
     for target in "${targets[@]+"${targets[@]}"}"; do
-        [[ $target =~ ^[A-Za-z0-9.:_\[\]-]+$ ]] || fail "'$target' in PROMETHEUS_TARGETS is not a host:port"
+        [[ $target =~ $pattern ]] || fail "'$target' in PROMETHEUS_TARGETS is not a host:port"
         list+="${list:+, }\"$target\""
     done
     printf '[{"targets": [%s], "labels": {}}]\n' "$list"
