@@ -342,6 +342,19 @@ async fn every_dashboard_query_and_alert_query_returns_data_from_a_running_consu
         started.elapsed()
     );
 
+    // The traffic parked a key, dead-lettered messages and parked an outbox record: the
+    // server's rules see it (pending for their `for:`, or firing already).
+    let expected = [
+        "IdemKeysParked",
+        "IdemDeadLetters",
+        "IdemOutboxRecordsParked",
+    ];
+    let active = wait_for_alerts(&prometheus, &expected).await;
+    println!(
+        "alerts active: {active:?} ({:.1?} in all)",
+        started.elapsed()
+    );
+
     stop_relay.send(true).ok();
     relay_task.await.unwrap().unwrap();
     harness.stop(vec![member]).await;
@@ -402,6 +415,41 @@ async fn wait_for_rules(prometheus: &Prometheus) -> Vec<(String, String)> {
         assert!(
             started.elapsed() < QUERIES_WITHIN,
             "the server evaluates the rules: {data:?}, not yet: {waiting:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The alerts pending or firing once each of `expected` is: `(name, state)`.
+async fn wait_for_alerts(prometheus: &Prometheus, expected: &[&str]) -> Vec<(String, String)> {
+    let started = Instant::now();
+    loop {
+        let data = prometheus.get("/api/v1/alerts".to_owned()).await;
+        let active: Vec<(String, String)> = data
+            .as_ref()
+            .ok()
+            .and_then(|data| data["alerts"].as_array())
+            .into_iter()
+            .flatten()
+            .map(|alert| {
+                (
+                    alert["labels"]["alertname"]
+                        .as_str()
+                        .unwrap_or("?")
+                        .to_owned(),
+                    alert["state"].as_str().unwrap_or("?").to_owned(),
+                )
+            })
+            .collect();
+        if expected
+            .iter()
+            .all(|name| active.iter().any(|(active, _)| active == name))
+        {
+            return active;
+        }
+        assert!(
+            started.elapsed() < QUERIES_WITHIN,
+            "the alerts {expected:?} are pending or firing; active: {active:?} ({data:?})"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
