@@ -294,6 +294,7 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+pub mod time_buckets;
 mod transactional;
 
 pub use config::{Config, ConfigError, ErrorTexts, Pooler};
@@ -302,7 +303,7 @@ pub use error_text::{ErrorChain, storable_text_of};
 pub use handle::IdemBuilder;
 pub use idem_macros::{KeyPart, idempotent};
 pub use key::{HandlerKey, IdempotencyKey, KeyError};
-pub use outcome::{Disposition, Error, Handled, HandlerError, HandlerResult, Outcome};
+pub use outcome::{Disposition, Error, Handled, HandlerError, HandlerResult, Outcome, WindowEdge};
 pub use runtime::Idem;
 pub use store::{KeyRecord, MIGRATOR, Status, UnknownStatus};
 

@@ -2,6 +2,8 @@
 
 use std::error::Error as StdError;
 
+use chrono::{DateTime, Utc};
+
 use crate::key::{IdempotencyKey, KeyError};
 
 /// The successful result of delivering a message to an idempotent handler.
@@ -34,6 +36,16 @@ impl<T> Outcome<T> {
             Outcome::Duplicate(value) => value,
         }
     }
+}
+
+/// The side of its window that a fact's time is on ([`Error::OutsideWindow`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WindowEdge {
+    /// Older than the scope's retention window.
+    Past,
+    /// Further ahead of the database clock than the future bound.
+    Future,
 }
 
 /// What a consumer should do with a message whose delivery returned an [`Error`].
@@ -104,6 +116,24 @@ pub enum Error<E> {
     /// The key could not be derived from the message.
     #[error("cannot derive the idempotency key: {0}")]
     Key(#[from] KeyError),
+    /// The handler keeps its keys by the fact's time (`event_time`), and this fact's time
+    /// is outside its scope's window: older than the retention window (its key may have
+    /// expired with its time bucket, so running it could apply the fact twice), or
+    /// further ahead of the database clock than the future bound (a producer's clock or
+    /// stamp is wrong). Nothing was claimed or run; a consumer dead-letters the message.
+    /// See [`time_buckets`](crate::time_buckets).
+    #[error("key {key}: {}", match edge {
+        WindowEdge::Past => format!("the fact happened at {fact_time}, before its scope's retention window; its key may have expired with its time bucket, so it is not run (it could apply the fact twice): redrive it on purpose as a new fact, or widen the scope's window"),
+        WindowEdge::Future => format!("the fact is stamped {fact_time}, further ahead of the database clock than the future bound allows; it is not run: check the producer's clock and stamps, or raise `Retention::future_bound`"),
+    })]
+    OutsideWindow {
+        /// The key.
+        key: IdempotencyKey,
+        /// The fact's time, as the handler's `event_time` field gave it.
+        fact_time: DateTime<Utc>,
+        /// Which side of the window it is on.
+        edge: WindowEdge,
+    },
     /// The stored result of a duplicate could not be read back as the handler's type.
     #[error(
         "the stored result of key {key} does not decode as the handler's result type: {source}"
@@ -168,7 +198,8 @@ impl<E> Error<E> {
             | Error::Key(_)
             | Error::StoredResult { .. }
             | Error::ResultEncoding(_)
-            | Error::TransactionEnded { .. } => Disposition::DeadLetter,
+            | Error::TransactionEnded { .. }
+            | Error::OutsideWindow { .. } => Disposition::DeadLetter,
             Error::ScopeConflict(_) | Error::KeyChanged(_) | Error::HandlerMoved(_) => {
                 Disposition::Halt
             }

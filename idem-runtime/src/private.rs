@@ -9,6 +9,7 @@ pub use crate::handler::{
     CacheSwitch, CacheTtlMillis, HandlerSpec, JsonResult, NoResult, clone_for_run, handler_cache,
 };
 pub use crate::key::definition::{DefinedPart, KeyLayout};
+pub use crate::key::event_time::fact_time;
 pub use crate::key::handler_key::{HandlerKey, MessageKeys, handler_key};
 pub use crate::key::shape::{KeyPartShape, ShapeKnown, ShapeOfType, ShapeProbe, ShapeUnknown};
 pub use crate::key::{KeyBuilder, KeyEncoder, KeyError, KeyPart, MissingValue, SoleKeyPart};

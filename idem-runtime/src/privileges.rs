@@ -41,6 +41,6 @@ mod tests {
             sql.contains(r#"TO "x""; DROP TABLE idem_keys; --";"#),
             "{sql}"
         );
-        assert_eq!(sql.matches(';').count(), 5 * 3, "{sql}");
+        assert_eq!(sql.matches(';').count(), 7 * 3, "{sql}");
     }
 }

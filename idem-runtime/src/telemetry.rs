@@ -6,12 +6,14 @@
 //!
 //! | metric | kind | labels | what |
 //! |---|---|---|---|
-//! | `idem_handlings_total` | counter | `scope`, `mode`, `outcome` | deliveries by outcome: `executed`, `duplicate`, `failed`, `parked`, `in_progress`, `mismatch`, `key_error`, `lease_lost`, `transaction_ended`, `scope_conflict`, `key_changed`, `handler_moved`, `error` |
+//! | `idem_handlings_total` | counter | `scope`, `mode`, `outcome` | deliveries by outcome: `executed`, `duplicate`, `failed`, `parked`, `in_progress`, `mismatch`, `key_error`, `lease_lost`, `outside_window`, `transaction_ended`, `scope_conflict`, `key_changed`, `handler_moved`, `error` |
 //! | `idem_claim_duration_seconds` | histogram | `scope`, `mode` | the claim: from `BEGIN` to the decision (run the body, or not) |
 //! | `idem_handler_duration_seconds` | histogram | `scope`, `mode` | the handler's body |
 //! | `idem_cache_lookups_total` | counter | `result` | Redis look-ups: `hit`, `miss`, `error`, `skipped`, `forged` |
 //! | `idem_cache_writes_total` | counter | `result` | Redis writes: `ok`, `error`, `skipped` |
 //! | `idem_retention_deleted_total` | counter | `scope` | `success` keys deleted by the retention cleanup ([`retention`](crate::retention)) |
+//! | `idem_time_buckets_created_total` | counter | | time buckets made ahead by the cleanup ([`time_buckets`](crate::time_buckets)) |
+//! | `idem_time_buckets_dropped_total` | counter | | expired time buckets dropped by the cleanup |
 //!
 //! `mode` is `transaction`, `lease` or `batch` (a message handled by a batch, counted once
 //! per message). Each handling runs in a span `idem.handle` with the fields `idem.scope`,
@@ -64,6 +66,7 @@ pub(crate) fn outcome_label<T, E>(result: &Result<Outcome<T>, Error<E>>) -> &'st
         Err(Error::InProgress { .. }) => "in_progress",
         Err(Error::PayloadMismatch { .. }) => "mismatch",
         Err(Error::Key(_)) => "key_error",
+        Err(Error::OutsideWindow { .. }) => "outside_window",
         Err(Error::LeaseLost { .. }) => "lease_lost",
         Err(Error::TransactionEnded { .. }) => "transaction_ended",
         Err(Error::ScopeConflict(_)) => "scope_conflict",
@@ -132,6 +135,12 @@ pub(crate) fn cache(name: &'static str, result: &'static str) {
 }
 
 /// Counts the keys of `scope` that a retention batch deleted.
+/// Counts the time buckets one upkeep made and dropped.
+pub(crate) fn buckets(made: u64, dropped: u64) {
+    metrics::counter!("idem_time_buckets_created_total").increment(made);
+    metrics::counter!("idem_time_buckets_dropped_total").increment(dropped);
+}
+
 pub(crate) fn retention_deleted(scope: &str, deleted: u64) {
     metrics::counter!("idem_retention_deleted_total", "scope" => scope.to_owned())
         .increment(deleted);

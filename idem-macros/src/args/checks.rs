@@ -1,9 +1,10 @@
 //! The checks between arguments, each recording what is wrong in `Args::errors`: `lease`
 //! without the lease mode, `batch` in lease mode, `cache_ttl` with `cache = false`,
-//! `shared_scope` without `scope`, `previous_key` in lease mode or equal to `key`, and
+//! `shared_scope` without `scope`, `previous_key` in lease mode or equal to `key`, an
+//! `event_time` that is not one key field (or that this release does not combine), and
 //! what a batch handler does not take.
 
-use super::{Args, CacheArg, FieldList, Mode};
+use super::{Args, CacheArg, FieldList, FieldPath, Mode};
 
 impl Args {
     /// The handler's mode; records an error for a `lease` without `mode = "lease"`.
@@ -126,5 +127,62 @@ impl Args {
             ));
         }
         true
+    }
+
+    /// The key field that `event_time` names, where the handler declares one; records an
+    /// error for a list that is not one field of `key`, and for the arguments that do not
+    /// combine with it yet (lease mode, batches, `previous_key`). `batch_handler`: the
+    /// message parameter is a slice.
+    pub(crate) fn event_time(&mut self, mode: Mode, batch_handler: bool) -> Option<FieldPath> {
+        let list = self.event_time.as_ref()?;
+        let [path] = list.paths.as_slice() else {
+            self.errors.push(syn::Error::new(
+                list.span,
+                "`event_time` names one field: the key field that holds the fact's own time, e.g. `event_time = \"created_at\"`",
+            ));
+            return None;
+        };
+        let key = self.key.as_ref()?;
+        if !key.paths.iter().any(|field| field.text == path.text) {
+            let fields = key
+                .paths
+                .iter()
+                .map(|field| field.text.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            self.errors.push(syn::Error::new(
+                path.span,
+                format!(
+                    "`event_time` must be one of the `key` fields ({fields}): a time outside the key would let a re-send of the same fact with another time run again; add `{}` to `key`",
+                    path.text
+                ),
+            ));
+            return None;
+        }
+        let unsupported = if mode == Mode::Lease {
+            Some(
+                "lease mode: a lease is committed on its own, and its keys are kept in the status table",
+            )
+        } else if batch_handler || self.batch.as_ref().is_some_and(|flag| flag.value) {
+            Some(
+                "batches (`batch = true` and batch handlers): a batch claims its keys with one statement on the status table",
+            )
+        } else if self.previous_key.is_some() {
+            Some("`previous_key`: the keys of the previous definition are kept in the status table")
+        } else {
+            None
+        };
+        if let Some(what) = unsupported {
+            self.errors.push(syn::Error::new(
+                path.span,
+                format!(
+                    "`event_time` does not combine with {what} in this release; remove `event_time` to keep this handler's keys in the status table"
+                ),
+            ));
+            return None;
+        }
+        // The same field as the key's, spanned on `event_time`'s own text: a type that
+        // is not a time is reported there.
+        Some(path.clone())
     }
 }

@@ -17,7 +17,7 @@ use syn::{Ident, LitBool, LitInt, LitStr, Path};
 pub(crate) use fields::{FieldList, FieldPath};
 
 /// Every argument the attribute accepts, for the "unknown argument" message.
-const VALID: &str = "`key`, `previous_key`, `scope`, `shared_scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `retention`, `key_fn`, `crate`";
+const VALID: &str = "`key`, `event_time`, `previous_key`, `scope`, `shared_scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `retention`, `key_fn`, `crate`";
 
 /// The longest scope, in bytes, and the character a scope cannot hold: the limits that
 /// the runtime checks at a handler's first run (`idem_runtime::scope`), here at compile
@@ -60,6 +60,9 @@ pub(crate) struct Args {
     pub(crate) key: Option<FieldList>,
     /// `previous_key = "..."`: the fields the scope's keys were derived from before `key`.
     pub(crate) previous_key: Option<FieldList>,
+    /// `event_time = "..."`: the key field that holds the fact's time, which buckets the
+    /// handler's keys.
+    pub(crate) event_time: Option<FieldList>,
     pub(crate) scope: Option<LitStr>,
     /// `shared_scope = true`: other handlers may use the same (explicit) scope.
     pub(crate) shared_scope: Option<LitBool>,
@@ -113,7 +116,9 @@ impl Args {
         };
         let span = meta.path.segments[0].ident.span();
         match name.as_str() {
-            "key" | "previous_key" | "fingerprint" => self.parse_fields(meta, &name, span),
+            "key" | "previous_key" | "fingerprint" | "event_time" => {
+                self.parse_fields(meta, &name, span)
+            }
             "shared_scope" | "batch" | "store_result" | "cache" => {
                 self.parse_flag(meta, &name, span)
             }
@@ -135,7 +140,8 @@ impl Args {
         }
     }
 
-    /// `key`, `previous_key` or `fingerprint`: a list of the message's fields.
+    /// `key`, `previous_key`, `fingerprint` or `event_time`: a list of the message's fields
+    /// (`event_time`: one of them, checked with the others in `checks`).
     fn parse_fields(
         &mut self,
         meta: &ParseNestedMeta<'_>,
@@ -146,6 +152,7 @@ impl Args {
         let slot = match name {
             "key" => &mut self.key,
             "previous_key" => &mut self.previous_key,
+            "event_time" => &mut self.event_time,
             _ => &mut self.fingerprint,
         };
         set(slot, list, span, name, &mut self.errors);

@@ -8,7 +8,7 @@ use syn::{Ident, ItemFn, PatType, Type};
 use super::key::KeyDerivation;
 use super::signature::{clone_if_owned, rewritten_signature};
 use super::spec::Spec;
-use crate::args::{Args, CacheArg};
+use crate::args::{Args, CacheArg, FieldPath};
 use crate::runtime::private_module;
 use crate::tokens::respan;
 use crate::validate::Handler;
@@ -41,6 +41,7 @@ impl<'a> Expansion<'a> {
         handler: Handler<'a>,
         cache: Option<CacheArg>,
         shared_scope: bool,
+        event_time: Option<FieldPath>,
     ) -> Self {
         let key = args.key.as_ref().expect("validated: the key is given");
         let krate = args
@@ -67,6 +68,7 @@ impl<'a> Expansion<'a> {
                 key,
                 args.fingerprint.as_ref(),
                 args.previous_key.as_ref(),
+                event_time.as_ref(),
             ),
             codec: respan(&codec, first),
             handler,

@@ -28,6 +28,10 @@ pub(super) struct KeyDerivation {
     /// The arrays of the layout's parts and the message type, from the message bound to
     /// the derivation's name: `([DefinedPart; K], [DefinedPart; F], [DefinedPart; P], fn)`.
     layout_parts: TokenStream,
+    /// `Option<DateTime<Utc>>`: the fact's time, or `None` without `event_time`.
+    pub(super) fact_time: TokenStream,
+    /// `Option<&'static str>`: the field `event_time` names, for the layout.
+    event_time_field: TokenStream,
     /// Whether the handler declares a fingerprint and a previous key.
     has_fingerprint: bool,
     has_previous: bool,
@@ -40,6 +44,7 @@ impl KeyDerivation {
         key: &FieldList,
         fingerprint: Option<&FieldList>,
         previous_key: Option<&FieldList>,
+        event_time: Option<&FieldPath>,
     ) -> Self {
         let fingerprint_digest = match fingerprint {
             Some(list) => {
@@ -64,6 +69,23 @@ impl KeyDerivation {
         let parts = |list: Option<&FieldList>| layout_array(private, message, list);
         let (key_parts, fingerprint_parts, previous_parts) =
             (parts(Some(key)), parts(fingerprint), parts(previous_key));
+        // Spanned on `event_time`'s field: a type that is not a time is reported there.
+        let (fact_time, event_time_field) = match event_time {
+            Some(path) => {
+                let field = field_access(message, path);
+                let span = path.span;
+                let text = &path.text;
+                let private = respan(private, span);
+                (
+                    quote_spanned!(span=> #private::fact_time(#field)),
+                    quote!(::core::option::Option::Some(#text)),
+                )
+            }
+            None => (
+                quote!(::core::option::Option::None),
+                quote!(::core::option::Option::None),
+            ),
+        };
         KeyDerivation {
             identifies: identifies_check(private, message, key),
             key: builder(private, message, key, Built::Key),
@@ -72,6 +94,8 @@ impl KeyDerivation {
             layout_parts: quote! {
                 (#key_parts, #fingerprint_parts, #previous_parts, #private::message_type_of(&#message))
             },
+            fact_time,
+            event_time_field,
             has_fingerprint: fingerprint.is_some(),
             has_previous: previous_key.is_some(),
         }
@@ -84,6 +108,7 @@ impl KeyDerivation {
             key,
             fingerprint,
             previous,
+            fact_time,
             ..
         } = self;
         quote! {
@@ -91,6 +116,7 @@ impl KeyDerivation {
                 key: #key.finish(),
                 fingerprint: #fingerprint,
                 previous: #previous,
+                fact_time: #fact_time,
             }
         }
     }
@@ -125,6 +151,7 @@ impl KeyDerivation {
         };
         let fingerprint = some(self.has_fingerprint, syn::Index::from(1));
         let previous = some(self.has_previous, syn::Index::from(2));
+        let event_time = &self.event_time_field;
         quote! {
             #bind
             let #layout = #private::KeyLayout {
@@ -132,6 +159,7 @@ impl KeyDerivation {
                 fingerprint: #fingerprint,
                 previous_key: #previous,
                 message_type: #parts.3,
+                event_time: #event_time,
             };
         }
     }

@@ -115,7 +115,7 @@ where
         for index in retry {
             let keys = keyed(index);
             let key = keys.key;
-            transactional::park_ended(idem, spec, &[(key, keys.fingerprint())], xid).await;
+            transactional::park_ended(idem, spec, &[(key, keys.fingerprint())], None, xid).await;
             decided.push((index, Err(Error::TransactionEnded { key })));
         }
         return decided;

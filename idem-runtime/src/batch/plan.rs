@@ -75,10 +75,12 @@ impl<T, E> Planned<T, E> {
                     planned.previous.push(None);
                     planned.plans.push(Plan::Done);
                 }
+                // Batches of handlers with `event_time` are refused at compile time.
                 Ok(MessageKeys {
                     key,
                     fingerprint,
                     previous,
+                    fact_time: _,
                 }) => {
                     planned.previous.push(previous);
                     match first_of_key.get(&key) {
@@ -140,6 +142,7 @@ impl<T, E> Planned<T, E> {
             key,
             fingerprint,
             previous: self.previous[index],
+            fact_time: None,
         }
     }
 

@@ -7,6 +7,12 @@ use std::time::Duration;
 /// The default window: 7 days.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The default width of a time bucket: an hour.
+pub const DEFAULT_BUCKET_WIDTH: Duration = Duration::from_secs(3600);
+
+/// The default bound on a fact's time ahead of the database clock: an hour.
+pub const DEFAULT_FUTURE_BOUND: Duration = Duration::from_secs(3600);
+
 /// How long `success` keys are kept, and how the cleanup deletes them.
 ///
 /// ```
@@ -29,6 +35,8 @@ pub struct Retention {
     pub(crate) pause: Duration,
     pub(crate) max_batches: Option<u32>,
     pub(crate) interval: Duration,
+    pub(crate) bucket_width: Duration,
+    pub(crate) future_bound: Duration,
 }
 
 impl Default for Retention {
@@ -49,6 +57,8 @@ impl Retention {
             pause: Duration::ZERO,
             max_batches: None,
             interval: Duration::from_secs(60),
+            bucket_width: DEFAULT_BUCKET_WIDTH,
+            future_bound: DEFAULT_FUTURE_BOUND,
         }
     }
 
@@ -90,6 +100,36 @@ impl Retention {
     pub fn interval(mut self, interval: Duration) -> Self {
         self.interval = interval.max(Duration::from_millis(1));
         self
+    }
+
+    /// The width of the time buckets this handle creates for the keys of handlers with
+    /// `event_time` (default an hour; at least a minute): see
+    /// [`time_buckets`](crate::time_buckets). A bucket expires whole once its newest fact
+    /// is older than the longest window, so a narrower bucket frees space sooner, and a
+    /// wider one makes fewer tables. Changing it is safe at any time: buckets that exist
+    /// keep their range, new ones fill the gaps.
+    pub fn bucket_width(mut self, width: Duration) -> Self {
+        self.bucket_width = width.max(Duration::from_secs(60));
+        self
+    }
+
+    /// How far ahead of the database clock a fact's time may be (default an hour): a
+    /// fact stamped later is refused (`Error::OutsideWindow`) rather than given a bucket
+    /// that far ahead. Clock skew between producers and the database is what it allows
+    /// for; a producer that stamps events in the future by more is a bug to see.
+    pub fn future_bound(mut self, bound: Duration) -> Self {
+        self.future_bound = bound;
+        self
+    }
+
+    /// The width of new time buckets.
+    pub fn bucket_width_duration(&self) -> Duration {
+        self.bucket_width
+    }
+
+    /// The bound on a fact's time ahead of the database clock.
+    pub fn future_bound_duration(&self) -> Duration {
+        self.future_bound
     }
 
     /// The default window.

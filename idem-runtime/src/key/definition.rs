@@ -7,6 +7,10 @@
 //! idem:v1 key(order_id s, event_type s) fingerprint(amount_cents i)
 //! ```
 //!
+//! A handler whose keys are kept by the fact's time (`event_time = "created_at"`) adds
+//! the field that buckets them, ` time(created_at)`: its keys live in another table, so
+//! declaring or removing `event_time` on a scope with keys is a change like any other.
+//!
 //! Two definitions that differ derive other keys (or other fingerprints) for the same
 //! facts, with two exceptions that keep the keys: a field renamed with its type and
 //! position kept, and a part whose type changes to one of the same shape (`i32` to
@@ -34,12 +38,21 @@ pub struct KeyLayout<'a> {
     pub previous_key: Option<&'a [DefinedPart]>,
     /// The message type's name, as `std::any::type_name` gives it.
     pub message_type: fn() -> &'static str,
+    /// The key field that holds the fact's time (`event_time = "..."`), where the handler
+    /// declares one: its keys are kept in time buckets.
+    pub event_time: Option<&'static str>,
 }
 
 impl KeyLayout<'_> {
     /// The handler's key definition.
     pub(crate) fn current(&self) -> KeyDefinition {
-        KeyDefinition::new(self.key, self.fingerprint)
+        let mut definition = KeyDefinition::new(self.key, self.fingerprint);
+        if let Some(field) = self.event_time {
+            definition.0.push_str(" time(");
+            definition.0.push_str(field);
+            definition.0.push(')');
+        }
+        definition
     }
 
     /// The definition its keys were derived with before (`previous_key`), with the same
@@ -56,6 +69,7 @@ impl fmt::Debug for KeyLayout<'_> {
             .field("current", &self.current())
             .field("previous", &self.previous())
             .field("message_type", &(self.message_type)())
+            .field("event_time", &self.event_time)
             .finish()
     }
 }
@@ -119,6 +133,7 @@ mod tests {
             fingerprint: Some(&fingerprint),
             previous_key: Some(&previous),
             message_type: std::any::type_name::<u8>,
+            event_time: None,
         };
         assert_eq!(
             layout.current().as_str(),

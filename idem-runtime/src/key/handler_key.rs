@@ -1,6 +1,8 @@
 //! The key of a message for one handler, as callers compute it: what `<handler>_key`,
 //! generated next to every `#[idempotent]` handler, returns.
 
+use chrono::{DateTime, Utc};
+
 use super::{IdempotencyKey, fingerprints_differ};
 
 /// The key that an `#[idempotent]` handler derives from a message, with the handler's
@@ -41,6 +43,7 @@ pub struct HandlerKey {
     key: IdempotencyKey,
     fingerprint: Option<[u8; 32]>,
     previous_key: Option<IdempotencyKey>,
+    fact_time: Option<DateTime<Utc>>,
 }
 
 impl HandlerKey {
@@ -68,6 +71,13 @@ impl HandlerKey {
         self.previous_key
     }
 
+    /// The fact's time, to the microsecond, where the handler keeps its keys by it
+    /// (`#[idempotent(event_time = "...")]`): the bucket of the key's row (see
+    /// [`time_buckets`](crate::time_buckets)).
+    pub const fn fact_time(&self) -> Option<DateTime<Utc>> {
+        self.fact_time
+    }
+
     /// Whether the handler refuses this message as another payload of a key recorded
     /// with the fingerprint `recorded` ([`Error::PayloadMismatch`](crate::Error)): both
     /// fingerprints known and different. A side without one never differs.
@@ -86,6 +96,7 @@ pub fn handler_key(scope: &'static str, keys: MessageKeys) -> HandlerKey {
         key: keys.key,
         fingerprint: keys.fingerprint,
         previous_key: keys.previous,
+        fact_time: keys.fact_time,
     }
 }
 
@@ -100,6 +111,8 @@ pub struct MessageKeys {
     /// The key under the previous definition (`previous_key = "..."`), where the handler
     /// declares one and the message has its values.
     pub previous: Option<IdempotencyKey>,
+    /// The fact's time (`event_time = "..."`), where the handler keeps its keys by it.
+    pub fact_time: Option<DateTime<Utc>>,
 }
 
 impl MessageKeys {

@@ -125,8 +125,10 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 pub(crate) mod definition;
+pub(crate) mod event_time;
 pub(crate) mod handler_key;
 pub(crate) mod shape;
+pub use event_time::EventTime;
 pub use handler_key::HandlerKey;
 pub use shape::{KeyPartShape, UNKNOWN_SHAPE};
 

@@ -1,9 +1,12 @@
 //! The statements of a delivery in transaction mode: the claim and the takeover of a
 //! key, the commit, a failure recorded, and the reads of a key's row.
 
+use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
+use super::sql::Value;
+use super::timed::FactWindow;
 use super::{Existing, KeyRecord, Statements, attempts_value, existing, failure_recorded};
 
 /// What a claim statement is about.
@@ -14,6 +17,16 @@ pub(crate) struct ClaimedKey<'a> {
     pub fingerprint: Option<&'a [u8]>,
     /// The lock timeout the body runs with: the session's own.
     pub body_lock_timeout: &'a str,
+    /// Where the key is kept by its fact's time: the time and its window.
+    pub time: Option<FactWindow>,
+}
+
+/// A key's row: its scope, its key, and its fact's time where the key is kept by it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeyAt<'a> {
+    pub scope: &'a str,
+    pub key: Uuid,
+    pub fact_time: Option<DateTime<Utc>>,
 }
 
 /// What the claim statement found.
@@ -29,11 +42,14 @@ pub(crate) enum Claim {
     /// The key exists and is not ours: succeeded, parked, held by a lease, or recorded
     /// with another payload fingerprint.
     Existing(Existing),
+    /// A key kept by its fact's time: the fact is outside its window, and no final row
+    /// of it is left to answer it.
+    Outside,
 }
 
 /// The columns of a claim's answer: the transaction id when the key was won, the row in
 /// the way otherwise.
-const CLAIM_COLUMNS: &str = "xid, NULL::text AS status, NULL::integer AS attempts, \
+pub(super) const CLAIM_COLUMNS: &str = "xid, NULL::text AS status, NULL::integer AS attempts, \
      NULL::bytea AS fingerprint, NULL::json AS result, NULL::text AS last_error";
 
 /// The SQL of a delivery in transaction mode, for one status table.
@@ -57,7 +73,7 @@ impl Sql {
     // Some 80 lines: one field per statement of a delivery, each next to the comment that
     // says why it is written so; nothing here branches, and the statements read best side
     // by side.
-    pub(super) fn new(table: &str) -> Self {
+    pub(super) fn new(table: &str, timed: &str) -> Self {
         // The row in the way, read in the same statement when nothing was written.
         let in_the_way = |written: &str| {
             format!(
@@ -122,9 +138,15 @@ impl Sql {
                 "UPDATE {table} SET status = 'parked', last_error = $4, updated_at = now() \
                  WHERE scope = $1 AND key = $2 AND xmin = xid($3::text::xid8)"
             ),
+            // By scope and key alone: in the status table, or in any bucket of the timed
+            // table (a scope's keys are in one of the two).
             record: format!(
                 "SELECT scope, key, status, attempts, last_error, result, fingerprint, created_at, \
-                 updated_at FROM {table} WHERE scope = $1 AND key = $2"
+                 updated_at FROM {table} WHERE scope = $1 AND key = $2 \
+                 UNION ALL \
+                 SELECT scope, key, status, attempts, last_error, result, fingerprint, created_at, \
+                 updated_at FROM {timed} WHERE scope = $1 AND key = $2 \
+                 LIMIT 1"
             ),
             // Which of a list of keys succeeded with the given fingerprint, in list order.
             done: format!(
@@ -135,8 +157,13 @@ impl Sql {
                  ORDER BY l.position"
             ),
             reset: format!(
-                "UPDATE {table} SET status = 'failed', attempts = 0, updated_at = now() \
-                 WHERE scope = $1 AND key = $2 AND status IN ('failed', 'parked')"
+                "WITH plain AS ( \
+                    UPDATE {table} SET status = 'failed', attempts = 0, updated_at = now() \
+                    WHERE scope = $1 AND key = $2 AND status IN ('failed', 'parked') RETURNING 1), \
+                 timed AS ( \
+                    UPDATE {timed} SET status = 'failed', attempts = 0, updated_at = now() \
+                    WHERE scope = $1 AND key = $2 AND status IN ('failed', 'parked') RETURNING 1) \
+                 SELECT (SELECT count(*) FROM plain) + (SELECT count(*) FROM timed) AS reset"
             ),
         }
     }
@@ -168,7 +195,11 @@ impl Statements {
         conn: &mut PgConnection,
         key: ClaimedKey<'_>,
     ) -> Result<Claim, sqlx::Error> {
-        self.claim_with(&self.delivery.claim, conn, key).await
+        let statement = match key.time {
+            Some(_) => &self.timed.claim,
+            None => &self.delivery.claim,
+        };
+        self.claim_with(statement, conn, key).await
     }
 
     /// Takes over a `failed` key with a matching payload, or reads the row in the way
@@ -178,7 +209,11 @@ impl Statements {
         conn: &mut PgConnection,
         key: ClaimedKey<'_>,
     ) -> Result<Claim, sqlx::Error> {
-        self.claim_with(&self.delivery.takeover, conn, key).await
+        let statement = match key.time {
+            Some(_) => &self.timed.takeover,
+            None => &self.delivery.takeover,
+        };
+        self.claim_with(statement, conn, key).await
     }
 
     async fn claim_with(
@@ -187,25 +222,40 @@ impl Statements {
         conn: &mut PgConnection,
         key: ClaimedKey<'_>,
     ) -> Result<Claim, sqlx::Error> {
-        let row = self
-            .query(
-                statement,
-                &[
-                    key.scope.into(),
-                    key.key.into(),
-                    key.fingerprint.into(),
-                    key.body_lock_timeout.into(),
-                ],
-            )
-            .fetch_optional(conn)
-            .await?;
+        let mut values: Vec<Value<'_>> = vec![
+            key.scope.into(),
+            key.key.into(),
+            key.fingerprint.into(),
+            key.body_lock_timeout.into(),
+        ];
+        if let Some(time) = key.time {
+            values.extend([
+                Value::from(time.at),
+                Value::from(time.window_ms),
+                Value::from(time.ahead_ms),
+            ]);
+        }
+        let row = self.query(statement, &values).fetch_optional(conn).await?;
         let Some(row) = row else {
             return Ok(Claim::Again);
         };
-        match row.try_get::<Option<i64>, _>("xid")? {
-            Some(xid) => Ok(Claim::Won { xid }),
-            None => existing(&row).map(Claim::Existing),
+        if let Some(xid) = row.try_get::<Option<i64>, _>("xid")? {
+            return Ok(Claim::Won { xid });
         }
+        if key.time.is_none() {
+            return existing(&row).map(Claim::Existing);
+        }
+        // A timed key: a row saying only that the fact is outside its window, or the row
+        // in the way; a `failed` one outside the window is not run again either.
+        let in_window: bool = row.try_get("in_window")?;
+        if row.try_get::<Option<&str>, _>("status")?.is_none() {
+            return Ok(Claim::Outside);
+        }
+        let found = existing(&row)?;
+        if !in_window && found.status == super::Status::Failed {
+            return Ok(Claim::Outside);
+        }
+        Ok(Claim::Existing(found))
     }
 
     /// The key's row, if any, read on its own (one statement, no transaction block).
@@ -214,11 +264,16 @@ impl Statements {
         conn: &mut PgConnection,
         scope: &str,
         key: Uuid,
+        fact_time: Option<DateTime<Utc>>,
     ) -> Result<Option<Existing>, sqlx::Error> {
-        let row = self
-            .query(&self.delivery.read, &[scope.into(), key.into()])
-            .fetch_optional(conn)
-            .await?;
+        let row = match fact_time {
+            Some(at) => self.read_timed(conn, scope, key, at).await?,
+            None => {
+                self.query(&self.delivery.read, &[scope.into(), key.into()])
+                    .fetch_optional(conn)
+                    .await?
+            }
+        };
         row.as_ref().map(existing).transpose()
     }
 
@@ -237,17 +292,28 @@ impl Statements {
         scope: &str,
         key: Uuid,
         previous: Option<Uuid>,
+        fact_time: Option<DateTime<Utc>>,
         result: Option<&serde_json::Value>,
         at_commit: &[String],
     ) -> std::borrow::Cow<'_, str> {
         let previous = previous.map_or(String::new(), |previous| format!(", '{previous}'"));
+        // A timed key's row is in its fact's bucket: digits and `-:T.Z` only.
+        let (table, in_bucket) = match fact_time {
+            Some(at) => (
+                self.timed_table(),
+                format!(
+                    " AND fact_time = '{}'::timestamptz",
+                    at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                ),
+            ),
+            None => (self.table.as_str(), String::new()),
+        };
         match result {
             Some(result) => std::borrow::Cow::Owned(format!(
                 "{check}; UPDATE {table} SET result = convert_from(decode('{result}', 'hex'), 'UTF8')::json \
-                 WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key IN ('{key}'{previous}); \
+                 WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key IN ('{key}'{previous}){in_bucket}; \
                  {at_commit}COMMIT",
                 check = self.delivery.check,
-                table = self.table,
                 result = hex::encode(result.to_string()),
                 scope = hex::encode(scope),
                 at_commit = joined(&self.claim_lock_timeout, at_commit),
@@ -273,14 +339,29 @@ impl Statements {
     pub(crate) async fn record_failure(
         &self,
         conn: &mut PgConnection,
-        scope: &str,
-        key: Uuid,
+        row: KeyAt<'_>,
         fingerprint: Option<&[u8]>,
         error: &str,
         max_attempts: u32,
     ) -> Result<Option<(u32, bool)>, sqlx::Error> {
-        let row = self
-            .query(
+        let KeyAt {
+            scope,
+            key,
+            fact_time,
+        } = row;
+        let query = match fact_time {
+            Some(at) => self.query(
+                &self.timed.record_failure,
+                &[
+                    scope.into(),
+                    key.into(),
+                    fingerprint.into(),
+                    error.into(),
+                    at.into(),
+                    attempts_value(max_attempts),
+                ],
+            ),
+            None => self.query(
                 &self.delivery.record_failure,
                 &[
                     scope.into(),
@@ -289,9 +370,9 @@ impl Statements {
                     error.into(),
                     attempts_value(max_attempts),
                 ],
-            )
-            .fetch_optional(conn)
-            .await?;
+            ),
+        };
+        let row = query.fetch_optional(conn).await?;
         row.as_ref().map(failure_recorded).transpose()
     }
 
@@ -299,19 +380,26 @@ impl Statements {
     pub(crate) async fn park_committed(
         &self,
         conn: &mut PgConnection,
-        scope: &str,
-        key: Uuid,
+        row: KeyAt<'_>,
         xid: i64,
         error: &str,
     ) -> Result<bool, sqlx::Error> {
+        let KeyAt {
+            scope,
+            key,
+            fact_time,
+        } = row;
         let xid = xid.to_string();
-        let done = self
-            .query(
-                &self.delivery.park_committed,
-                &[scope.into(), key.into(), xid.as_str().into(), error.into()],
-            )
-            .execute(conn)
-            .await?;
+        let mut values: Vec<Value<'_>> =
+            vec![scope.into(), key.into(), xid.as_str().into(), error.into()];
+        let statement = match fact_time {
+            Some(at) => {
+                values.push(at.into());
+                &self.timed.park_committed
+            }
+            None => &self.delivery.park_committed,
+        };
+        let done = self.query(statement, &values).execute(conn).await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -350,10 +438,10 @@ impl Statements {
         scope: &str,
         key: Uuid,
     ) -> Result<bool, sqlx::Error> {
-        let done = self
+        let row = self
             .query(&self.delivery.reset, &[scope.into(), key.into()])
-            .execute(conn)
+            .fetch_one(conn)
             .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(row.try_get::<i64, _>("reset")? == 1)
     }
 }

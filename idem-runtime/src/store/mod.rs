@@ -26,16 +26,18 @@ mod scopes;
 mod sql;
 #[cfg(feature = "testing")]
 mod testing;
+mod timed;
 
 pub(crate) use admin::KeyChange;
 pub use admin::{KeyFilter, KeyRow};
-pub(crate) use delivery::{Claim, ClaimedKey};
+pub(crate) use delivery::{Claim, ClaimedKey, KeyAt};
 pub(crate) use grants::consumer_grants;
 pub(crate) use lease::LeaseClaim;
 pub use migrate::{MIGRATOR, migrate_schema};
 pub(crate) use retention::Windows;
 pub use scopes::ScopeInfo;
 pub(crate) use scopes::{DefinitionChange, MovedFrom, ScopeRegistration, ScopeRow};
+pub(crate) use timed::{Bucket, FactWindow};
 
 use sql::{Protocol, Query, Value};
 
@@ -199,6 +201,7 @@ pub(crate) struct Statements {
     /// The scope registry, `<schema>.idem_scopes`.
     scopes_table: String,
     delivery: delivery::Sql,
+    timed: timed::Sql,
     lease: lease::Sql,
     batch: batch::Sql,
     scopes: scopes::Sql,
@@ -221,7 +224,8 @@ impl Statements {
             // session's own lock timeout back for the body (`$4` of the claim statements).
             begin: format!("BEGIN; SET LOCAL lock_timeout = '{lock_timeout_ms}ms'"),
             claim_lock_timeout: format!("{lock_timeout_ms}ms"),
-            delivery: delivery::Sql::new(&table),
+            delivery: delivery::Sql::new(&table, &format!("{schema}.idem_timed_keys")),
+            timed: timed::Sql::new(schema.as_str()),
             lease: lease::Sql::new(&table),
             batch: batch::Sql::new(&table),
             scopes: scopes::Sql::new(schema),

@@ -72,7 +72,11 @@ impl Sql {
                  WHERE scope = $1 AND (previous_key_seen_at IS NULL \
                                        OR previous_key_seen_at < now() - interval '1 minute')"
             ),
-            has_keys: format!("SELECT EXISTS (SELECT FROM {schema}.idem_keys WHERE scope = $1)"),
+            // In the status table or in the buckets of the timed one.
+            has_keys: format!(
+                "SELECT EXISTS (SELECT FROM {schema}.idem_keys WHERE scope = $1) \
+                     OR EXISTS (SELECT FROM {schema}.idem_timed_keys WHERE scope = $1)"
+            ),
             // The same message type or the same key definition: a handler moved and
             // changed in one deploy (its key, or its message type renamed) is found too.
             // Scopes recorded by a release that kept neither (NULL) are not candidates:
@@ -84,8 +88,10 @@ impl Sql {
                  WHERE s.owner = $2 AND s.scope <> $1 AND NOT s.shared \
                    AND s.scope <> ALL ($5::text[]) \
                    AND (s.key_definition = $3 OR s.message_type = $4) \
-                   AND EXISTS (SELECT FROM {schema}.idem_keys AS k WHERE k.scope = s.scope) \
+                   AND (EXISTS (SELECT FROM {schema}.idem_keys AS k WHERE k.scope = s.scope) \
+                        OR EXISTS (SELECT FROM {schema}.idem_timed_keys AS k WHERE k.scope = s.scope)) \
                    AND NOT EXISTS (SELECT FROM {schema}.idem_keys AS k WHERE k.scope = $1) \
+                   AND NOT EXISTS (SELECT FROM {schema}.idem_timed_keys AS k WHERE k.scope = $1) \
                  ORDER BY s.key_definition = $3 AND s.message_type = $4 DESC, s.created_at DESC \
                  LIMIT 1"
             ),

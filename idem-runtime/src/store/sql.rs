@@ -14,6 +14,7 @@
 
 use std::fmt::Write as _;
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use sqlx::postgres::{PgArguments, PgQueryResult, PgRow};
 use sqlx::{Arguments, Executor, FromRow, Postgres};
 use uuid::Uuid;
@@ -43,6 +44,13 @@ pub(crate) enum Value<'a> {
     Uuids(&'a [Uuid]),
     Byteas(&'a [Option<Vec<u8>>]),
     Jsons(&'a [serde_json::Value]),
+    Time(DateTime<Utc>),
+}
+
+impl From<DateTime<Utc>> for Value<'_> {
+    fn from(value: DateTime<Utc>) -> Self {
+        Value::Time(value)
+    }
 }
 
 impl<'a> From<&'a str> for Value<'a> {
@@ -264,6 +272,7 @@ fn bind(arguments: &mut PgArguments, value: Value<'_>) {
         Value::Uuids(uuids) => arguments.add(uuids),
         Value::Byteas(bytes) => arguments.add(bytes),
         Value::Jsons(values) => arguments.add(values),
+        Value::Time(time) => arguments.add(time),
     };
 }
 
@@ -335,6 +344,14 @@ fn literal(out: &mut String, value: Value<'_>) {
             text_literal(out, &value.to_string());
             out.push_str("::json");
         }),
+        // Digits, `-`, `:`, `T`, `.` and `Z` only.
+        Value::Time(time) => {
+            let _ = write!(
+                out,
+                "'{}'::timestamptz",
+                time.to_rfc3339_opts(SecondsFormat::Micros, true)
+            );
+        }
     }
 }
 
@@ -409,5 +426,14 @@ mod tests {
     #[test]
     fn a_sign_without_a_value_is_left_alone() {
         assert_eq!(inline("SELECT $2, $", &[Value::Int4(1)]), "SELECT $2, $");
+    }
+
+    #[test]
+    fn times_are_written_to_the_microsecond_in_utc() {
+        let time = chrono::DateTime::from_timestamp_micros(1_765_000_000_123_456).unwrap();
+        assert_eq!(
+            inline("$1", &[Value::from(time)]),
+            "('2025-12-06T05:46:40.123456Z'::timestamptz)"
+        );
     }
 }

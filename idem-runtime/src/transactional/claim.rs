@@ -1,5 +1,6 @@
 //! The claim of a delivery's key, and the decision that a row in the way makes.
 
+use chrono::Utc;
 use sqlx::PgConnection;
 
 use super::{Delivery, Retries, Step, failure::is_lock_timeout};
@@ -7,8 +8,8 @@ use crate::Idem;
 use crate::handler::ResultCodec;
 use crate::key::IdempotencyKey;
 use crate::key_transaction::KeyTransaction;
-use crate::outcome::{Error, Outcome};
-use crate::store::{Claim, ClaimedKey, Existing, Status};
+use crate::outcome::{Error, Outcome, WindowEdge};
+use crate::store::{Bucket, Claim, ClaimedKey, Existing, FactWindow, Statements, Status};
 use crate::telemetry::Timer;
 
 impl Delivery<'_> {
@@ -29,8 +30,10 @@ impl Delivery<'_> {
             key,
             fingerprint,
             previous,
+            ..
         } = *self;
         let scope = spec.scope;
+        let time = self.fact_window();
         let rates = idem.duplicate_rates();
         let claiming = Timer::start();
         let mut tx = match idem.key_transaction().await {
@@ -53,7 +56,16 @@ impl Delivery<'_> {
                 Err(error) => return Step::Done(Err(Error::Database(error))),
             }
         }
-        let claimed = claim(idem, &mut tx, scope, key, fingerprint, body_lock_timeout).await;
+        let claimed = claim(
+            idem,
+            &mut tx,
+            scope,
+            key,
+            fingerprint,
+            time,
+            body_lock_timeout,
+        )
+        .await;
         claiming.claim(scope, mode);
         match &claimed {
             Ok(Claimed::Owned { .. }) => rates.observe(scope, false),
@@ -73,9 +85,78 @@ impl Delivery<'_> {
             }
             Ok(Claimed::Mismatch) => Step::Done(Err(Error::PayloadMismatch { key })),
             Ok(Claimed::Contended) => Step::Done(Err(Error::InProgress { key })),
+            Ok(Claimed::Outside) => Step::Done(Err(self.outside_window())),
             Err(error) if is_lock_timeout(&error) => Step::Done(Err(Error::InProgress { key })),
+            Err(error) if Statements::is_missing_bucket(&error) => {
+                // The transaction is aborted: it goes, and the claim starts again once
+                // the bucket exists.
+                drop(tx);
+                self.make_bucket(error, retries).await
+            }
             Err(error) if retries.take(&error).await => Step::Again,
             Err(error) => Step::Done(Err(Error::Database(error))),
+        }
+    }
+
+    /// The fact's time with its scope's window, for a handler with `event_time`: the
+    /// window a cleaner of this handle's settings gives the scope (its own, then the one
+    /// the handler declares, then the default).
+    fn fact_window(&self) -> Option<FactWindow> {
+        let at = self.fact_time?;
+        let retention = self.idem.config().retention();
+        let window = retention
+            .scope_windows()
+            .find(|(scope, _)| *scope == self.spec.scope)
+            .map(|(_, window)| window)
+            .or(self.spec.retention)
+            .unwrap_or(retention.window());
+        let ms =
+            |duration: std::time::Duration| i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+        Some(FactWindow {
+            at,
+            window_ms: ms(window),
+            ahead_ms: ms(retention.future_bound_duration()),
+        })
+    }
+
+    /// A fact outside its window: which side, by this process's clock.
+    fn outside_window<E>(&self) -> Error<E> {
+        let fact_time = self.fact_time.unwrap_or_default();
+        let edge = if fact_time > Utc::now() {
+            WindowEdge::Future
+        } else {
+            WindowEdge::Past
+        };
+        Error::OutsideWindow {
+            key: self.key,
+            fact_time,
+            edge,
+        }
+    }
+
+    /// The claim met no bucket for its fact: makes it (or learns that the fact is outside
+    /// its window) and claims again. A bucket that is still missing after a few turns
+    /// (an operator detaching it by hand) ends in the claim's error.
+    async fn make_bucket<T, E>(
+        &self,
+        error: sqlx::Error,
+        retries: &mut Retries,
+    ) -> Step<(KeyTransaction, i64), T, E> {
+        let Some(time) = self.fact_window() else {
+            return Step::Done(Err(Error::Database(error)));
+        };
+        let idem = self.idem;
+        let width = idem.config().retention().bucket_width_duration();
+        match idem
+            .statements()
+            .make_bucket(idem.pool(), time, width)
+            .await
+        {
+            Ok(Bucket::Ready) if retries.wait().await => Step::Again,
+            Ok(Bucket::Ready) => Step::Done(Err(Error::Database(error))),
+            Ok(Bucket::TooOld | Bucket::TooNew) => Step::Done(Err(self.outside_window())),
+            Err(made) if retries.take(&made).await => Step::Again,
+            Err(made) => Step::Done(Err(Error::Database(made))),
         }
     }
 }
@@ -106,19 +187,29 @@ impl Delivery<'_> {
         let scope = spec.scope;
         // The lock timeout stays the claim's for the second claim.
         let claim_lock_timeout = idem.statements().claim_lock_timeout();
-        let existing =
-            match claim(idem, tx, scope, previous, fingerprint, claim_lock_timeout).await? {
-                Claimed::Owned { .. } => return Ok(None),
-                Claimed::Mismatch => return Ok(Some(PreviousFound::Mismatch)),
-                Claimed::Contended => return Ok(Some(PreviousFound::Contended)),
-                Claimed::Found(existing) => existing,
-            };
+        // Handlers with `event_time` declare no previous key (a compile error).
+        let existing = match claim(
+            idem,
+            tx,
+            scope,
+            previous,
+            fingerprint,
+            None,
+            claim_lock_timeout,
+        )
+        .await?
+        {
+            Claimed::Owned { .. } => return Ok(None),
+            Claimed::Mismatch => return Ok(Some(PreviousFound::Mismatch)),
+            Claimed::Contended | Claimed::Outside => return Ok(Some(PreviousFound::Contended)),
+            Claimed::Found(existing) => existing,
+        };
         // Whether the fact succeeded under the previous definition alone (no row of its
         // own key), on the same connection.
         let alone = existing.status == Status::Success
             && idem
                 .statements()
-                .read(tx, scope, key.as_uuid())
+                .read(tx, scope, key.as_uuid(), None)
                 .await?
                 .is_none();
         Ok(Some(PreviousFound::Row { existing, alone }))
@@ -175,6 +266,8 @@ enum Claimed {
     Mismatch,
     /// The row kept changing under the claim: another delivery is working on it.
     Contended,
+    /// A key kept by its fact's time, outside the fact's window.
+    Outside,
 }
 
 /// Claims the key: inserts it (the common case, one statement), or takes over a `failed`
@@ -185,6 +278,7 @@ async fn claim(
     scope: &str,
     key: IdempotencyKey,
     fingerprint: Option<&[u8]>,
+    time: Option<FactWindow>,
     body_lock_timeout: &str,
 ) -> Result<Claimed, sqlx::Error> {
     let statements = idem.statements();
@@ -193,6 +287,7 @@ async fn claim(
         key: key.as_uuid(),
         fingerprint,
         body_lock_timeout,
+        time,
     };
     let mut claim = statements.claim(conn, claimed).await?;
     // Each turn reads with a new snapshot; a row that keeps changing under it belongs to
@@ -200,6 +295,7 @@ async fn claim(
     for _ in 0..4 {
         match claim {
             Claim::Won { xid } => return Ok(Claimed::Owned { xid }),
+            Claim::Outside => return Ok(Claimed::Outside),
             Claim::Existing(existing) if mismatched(fingerprint, &existing) => {
                 return Ok(Claimed::Mismatch);
             }

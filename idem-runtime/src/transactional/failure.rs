@@ -1,18 +1,23 @@
 //! Failures: which count as an attempt of the message, and how an attempt or a body that
 //! ended its own transaction is recorded.
 
+use chrono::{DateTime, Utc};
+
 use crate::Idem;
 use crate::handler::HandlerSpec;
 use crate::key::IdempotencyKey;
 use crate::key_transaction::is_no_transaction;
+use crate::store::KeyAt;
 
 /// Records a failed attempt of `key` in a short transaction of its own (its lock waits
 /// bounded by the lock timeout): the attempts and whether the key is now parked, or
 /// `None` when it could not be recorded or another delivery finished the key meanwhile.
+/// `fact_time`: the fact's time, where the handler keeps its keys by it.
 pub(crate) async fn record_failure(
     idem: &Idem,
     spec: &HandlerSpec,
     key: IdempotencyKey,
+    fact_time: Option<DateTime<Utc>>,
     fingerprint: Option<&[u8]>,
     text: &str,
     max_attempts: u32,
@@ -23,8 +28,11 @@ pub(crate) async fn record_failure(
             .statements()
             .record_failure(
                 &mut tx,
-                spec.scope,
-                key.as_uuid(),
+                KeyAt {
+                    scope: spec.scope,
+                    key: key.as_uuid(),
+                    fact_time,
+                },
                 fingerprint,
                 text,
                 max_attempts,
@@ -93,6 +101,7 @@ pub(crate) async fn park_ended(
     idem: &Idem,
     spec: &HandlerSpec,
     keys: &[(IdempotencyKey, Option<&[u8]>)],
+    fact_time: Option<DateTime<Utc>>,
     xid: i64,
 ) {
     const TEXT: &str = "the handler's body ended the transaction that held its key (COMMIT or ROLLBACK in the body, or begin() on its connection); its effects may be partly committed";
@@ -101,7 +110,16 @@ pub(crate) async fn park_ended(
             let mut tx = idem.bounded_transaction().await?;
             let parked = idem
                 .statements()
-                .park_committed(&mut tx, spec.scope, key.as_uuid(), xid, TEXT)
+                .park_committed(
+                    &mut tx,
+                    KeyAt {
+                        scope: spec.scope,
+                        key: key.as_uuid(),
+                        fact_time,
+                    },
+                    xid,
+                    TEXT,
+                )
                 .await?;
             tx.commit().await?;
             Ok::<_, sqlx::Error>(parked)
@@ -110,7 +128,7 @@ pub(crate) async fn park_ended(
         match parked {
             Ok(true) => {}
             Ok(false) => {
-                record_failure(idem, spec, key, fingerprint, TEXT, 1).await;
+                record_failure(idem, spec, key, fact_time, fingerprint, TEXT, 1).await;
             }
             Err(error) => {
                 tracing::warn!(%key, scope = spec.scope, %error, "could not park a key whose transaction the body ended");

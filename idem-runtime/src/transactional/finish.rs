@@ -47,6 +47,7 @@ impl Delivery<'_> {
             spec.scope,
             key.as_uuid(),
             previous.map(|previous| previous.as_uuid()),
+            self.fact_time,
             stored.as_ref(),
             at_commit,
         );
@@ -71,7 +72,7 @@ impl Delivery<'_> {
                     previous.map(|previous| (previous, fingerprint)),
                 ];
                 let keys: Vec<_> = keys.into_iter().flatten().collect();
-                park_ended(idem, spec, &keys, xid).await;
+                park_ended(idem, spec, &keys, self.fact_time, xid).await;
                 Step::Done(Err(Error::TransactionEnded { key }))
             }
             Err(error) if counts_as_attempt(&error) => {
@@ -96,8 +97,16 @@ impl Delivery<'_> {
             ErrorTexts::Full => storable_text(&format!("commit failed: {error}")),
             _ => error_kind("commit failed", &error),
         };
-        let recorded =
-            record_failure(idem, spec, key, fingerprint, &text, self.max_attempts()).await;
+        let recorded = record_failure(
+            idem,
+            spec,
+            key,
+            self.fact_time,
+            fingerprint,
+            &text,
+            self.max_attempts(),
+        )
+        .await;
         // The attempt that parks the key says so: dead-letter it now.
         match recorded {
             Some((attempts, true)) => Error::Parked {
@@ -140,7 +149,7 @@ impl Delivery<'_> {
                 previous.map(|previous| (previous, fingerprint)),
             ];
             let keys: Vec<_> = keys.into_iter().flatten().collect();
-            park_ended(idem, spec, &keys, xid).await;
+            park_ended(idem, spec, &keys, self.fact_time, xid).await;
             return Step::Done(Err(Error::TransactionEnded { key }));
         }
         let connection_lost = matches!(rolled_back, Err(ref lost) if !counts_as_attempt(lost));
@@ -158,10 +167,17 @@ impl Delivery<'_> {
             }));
         }
         let text = failure_text(&error, idem.config().error_texts());
-        let (attempts, parked) =
-            record_failure(idem, spec, key, fingerprint, &text, self.max_attempts())
-                .await
-                .unwrap_or((0, false));
+        let (attempts, parked) = record_failure(
+            idem,
+            spec,
+            key,
+            self.fact_time,
+            fingerprint,
+            &text,
+            self.max_attempts(),
+        )
+        .await
+        .unwrap_or((0, false));
         tracing::debug!(%key, scope, attempts, parked, error = %text, "handler failed");
         Step::Done(Err(Error::Handler {
             source: error,

@@ -40,6 +40,7 @@
 
 use std::future::Future;
 
+use chrono::{DateTime, Utc};
 use tracing::Instrument;
 
 use crate::Idem;
@@ -132,6 +133,7 @@ where
         key,
         fingerprint: keys.fingerprint(),
         previous: keys.previous,
+        fact_time: keys.fact_time,
     };
     if let Some(answer) = delivery.answer_without_claim(&codec).await {
         return answer;
@@ -188,6 +190,8 @@ struct Delivery<'a> {
     fingerprint: Option<&'a [u8]>,
     /// The key under the handler's previous key definition, claimed first.
     previous: Option<IdempotencyKey>,
+    /// The fact's time, where the handler keeps its keys by it (`event_time`).
+    fact_time: Option<DateTime<Utc>>,
 }
 
 /// What a step of a delivery leaves to do.
@@ -231,7 +235,7 @@ impl Delivery<'_> {
         let read = async {
             let mut conn = idem.pool().acquire().await?;
             idem.statements()
-                .read(&mut conn, spec.scope, key.as_uuid())
+                .read(&mut conn, spec.scope, key.as_uuid(), self.fact_time)
                 .await
         };
         match read.await {

@@ -15,6 +15,7 @@ mod migrate_from_eight_processes;
 mod operator;
 mod route;
 mod storm;
+mod time_buckets;
 
 /// One test of each scenario per route.
 macro_rules! through {
@@ -45,6 +46,11 @@ macro_rules! through {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn the_operator_api_works() {
                 crate::operator::run(Route::$variant).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn keys_kept_by_the_facts_time_apply_each_fact_once_inside_the_window() {
+                crate::time_buckets::run(Route::$variant).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

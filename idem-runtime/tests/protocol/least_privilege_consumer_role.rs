@@ -1,6 +1,7 @@
 //! A consumer that runs under a role holding only `privileges::consumer_grants` (and its
 //! business table's grants) takes every path of the protocol: new, duplicate, failure,
-//! parking, lease mode, batches, scope registration. Nothing needs DDL at run time.
+//! parking, lease mode, batches, keys kept by the fact's time (their buckets made on
+//! demand and ahead), scope registration. Nothing needs DDL at run time.
 use std::time::Duration;
 
 use crate::support::orders::OrderEvent;
@@ -38,6 +39,17 @@ async fn record(tx: &mut PgConnection, events: &[&OrderEvent]) -> Result<(), sql
     Ok(())
 }
 
+// Keys kept by the fact's time: the claim makes the fact's bucket through a function of the
+// schema's owner, without the right to create tables.
+#[idempotent(
+    key = "order_id, occurred_at",
+    event_time = "occurred_at",
+    scope = "restricted_timed"
+)]
+async fn pay_timed(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
+    testing::insert_effect(tx, event).await
+}
+
 #[idempotent(
     key = "order_id",
     scope = "restricted_notify",
@@ -59,6 +71,7 @@ async fn every_path_runs_under_a_role_without_ddl(pool: PgPool) {
         "CREATE ROLE {role} LOGIN;
          {grants}
          GRANT SELECT, INSERT ON order_effects TO {role};
+         GRANT DELETE ON {schema}.idem_keys TO {role};
          GRANT USAGE ON SEQUENCE order_effects_id_seq TO {role};"
     ))
     .execute(&pool)
@@ -128,6 +141,14 @@ async fn every_path_runs_under_a_role_without_ddl(pool: PgPool) {
             .iter()
             .all(|outcome| outcome.as_ref().unwrap().is_executed())
     );
+
+    let timed = testing::paid("o-timed", 5);
+    assert!(pay_timed(&idem, &timed).await.unwrap().is_executed());
+    assert!(pay_timed(&idem, &timed).await.unwrap().is_duplicate());
+    // The cleanup's upkeep of the buckets, under the same role (given `DELETE` on the
+    // status table, as the consumers that run the cleanup are).
+    let report = idem.purge().await.unwrap();
+    assert!(report.buckets_made > 0, "{report:?}");
 
     assert_eq!(
         notify(&idem, &event).await.unwrap(),

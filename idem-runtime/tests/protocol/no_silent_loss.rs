@@ -208,11 +208,13 @@ async fn run_as(
         fingerprint: None,
         previous_key: None,
         message_type: std::any::type_name::<OrderEvent>,
+        event_time: None,
     };
     let keys = MessageKeys {
         key: key_of(order_id),
         fingerprint: None,
         previous: None,
+        fact_time: None,
     };
     run_transactional(idem, spec, &layout, keys, NoResult, |mut tx| {
         let event = event.clone();

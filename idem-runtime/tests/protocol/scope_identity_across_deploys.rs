@@ -346,6 +346,7 @@ async fn deliver_as(
             fingerprint: None,
             previous_key: Some(&OLD),
             message_type: std::any::type_name::<OrderEvent>,
+            event_time: None,
         };
         (
             layout,
@@ -353,6 +354,7 @@ async fn deliver_as(
                 key: new_key,
                 fingerprint: None,
                 previous: Some(old),
+                fact_time: None,
             },
         )
     } else {
@@ -361,6 +363,7 @@ async fn deliver_as(
             fingerprint: None,
             previous_key: None,
             message_type: std::any::type_name::<OrderEvent>,
+            event_time: None,
         };
         (
             layout,
@@ -368,6 +371,7 @@ async fn deliver_as(
                 key: old,
                 fingerprint: None,
                 previous: None,
+                fact_time: None,
             },
         )
     };

@@ -7,6 +7,7 @@ use syn::parse::ParseStream;
 use syn::{Ident, LitInt, LitStr, Member, Token};
 
 /// A field path of the message, such as `order.id`.
+#[derive(Clone)]
 pub(crate) struct FieldPath {
     /// The path, for error messages and key part names (`type`, not `r#type`).
     pub(crate) text: String,

@@ -1,0 +1,136 @@
+//! Keys kept by the fact's own time: a status table that stays small and fast at any size.
+//!
+//! The status table `idem_keys` holds one row per fact until retention deletes it, and a
+//! new key's insert costs more as the table grows: its primary key index outgrows memory,
+//! and after each checkpoint every index page that a new key touches is written whole to
+//! the WAL. Deleting old keys (`DELETE`) costs as much again.
+//!
+//! A handler whose key includes the fact's time can say so, and its keys are kept by that
+//! time instead:
+//!
+//! ```
+//! use chrono::{DateTime, Utc};
+//! use idem_runtime::idempotent;
+//! use sqlx::PgConnection;
+//!
+//! struct OrderEvent {
+//!     order_id: String,
+//!     event_type: String,
+//!     occurred_at: DateTime<Utc>,
+//! }
+//!
+//! #[idempotent(key = "order_id, event_type, occurred_at", event_time = "occurred_at")]
+//! async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+//!     # let _ = (tx, event);
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Every delivery and every re-send of one fact carries the same time, so the fact's key
+//! lives in exactly one *bucket*: a partition of the table `idem_timed_keys` holding the
+//! facts of one hour ([`Retention::bucket_width`]). A claim names the fact's time, and
+//! touches that bucket alone: a new key's index is the small index of the current hour,
+//! whatever the table holds in all. `event_time` must be one of the `key` fields (a
+//! compile error otherwise): a time outside the key would let a re-send with a new time
+//! run again.
+//!
+//! # The window's edges
+//!
+//! A fact is claimed only while its time is inside its scope's retention window, on the
+//! database clock: not older than the window ([`Retention::window_of`], else the
+//! handler's `retention = "..."`, else the default), and not further ahead than
+//! [`Retention::future_bound`] (an hour by default). A fact outside it gets
+//! [`Error::OutsideWindow`](crate::Error::OutsideWindow) and does not run: its key may
+//! have expired with its bucket, and running it could apply the fact twice. A consumer
+//! dead-letters it (disposition `DeadLetter`), and the outcome is counted as
+//! `idem_handlings_total{outcome="outside_window"}`. A duplicate of a fact whose key is
+//! still kept is answered as a duplicate, wherever its time is.
+//!
+//! With the status table, a duplicate that arrives after retention deleted its key runs
+//! again silently. Here the window's edge is visible instead.
+//!
+//! # Buckets: made ahead, expired whole
+//!
+//! The retention cleanup ([`Idem::purge`](crate::Idem::purge), `idem purge`, the task of
+//! [`Idem::spawn_retention`](crate::Idem::spawn_retention)) keeps the buckets:
+//!
+//! - it makes the buckets from now to the future bound ahead, where missing; a claim
+//!   that finds no bucket for its fact makes it too, in a short transaction of its own
+//!   (creators take turns on an advisory lock; through PgBouncer in transaction pooling
+//!   as well) and claims again;
+//! - it drops each bucket whose newest fact is older than the longest window of the
+//!   handle's settings and of the scopes' declared windows: `DETACH PARTITION` and
+//!   `DROP TABLE`, in constant time and WAL, whatever the bucket holds. The detach waits
+//!   for the table's lock at most 200 ms (claims wait for it that long at most, once per
+//!   bucket); a busy table is tried again at the next run. A dropped bucket is never made
+//!   again: the facts of its hour are refused as outside the window from then on, even
+//!   by a process whose window is longer.
+//!
+//! Buckets are shared by the scopes of the schema, so a scope with a shorter window keeps
+//! its keys as long as the longest window needs them: longer, never shorter. A fact is
+//! still refused once its own scope's window has passed.
+//!
+//! Both are functions of the schema (`idem_timed_bucket`, `idem_timed_expire`, migration
+//! 0010) owned by the role that migrated it (`SECURITY DEFINER`): a consumer's role needs
+//! `EXECUTE` on them and no right to create tables, which
+//! [`consumer_grants`](crate::privileges::consumer_grants) gives.
+//!
+//! # What this release does not do with it
+//!
+//! `event_time` applies to transaction-mode handlers of one message, without
+//! `previous_key`: batches and lease mode keep their keys in the status table (the
+//! attribute refuses the combinations at compile time). Declaring or removing
+//! `event_time` on a scope that has keys is a change of its key definition, refused like
+//! any other ([`Error::KeyChanged`](crate::Error::KeyChanged)): give the handler a new
+//! `scope`, and the old scope's keys expire with their window.
+
+use std::time::Duration;
+
+use crate::Idem;
+pub use crate::config::retention::{DEFAULT_BUCKET_WIDTH, DEFAULT_FUTURE_BOUND};
+use crate::retention::Retention;
+
+/// How long the drop of a bucket waits for the table's lock.
+const EXPIRY_LOCK_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// What one upkeep of the buckets did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Upkeep {
+    pub(crate) made: u64,
+    pub(crate) dropped: u64,
+}
+
+/// Makes the buckets ahead and drops the expired ones (see the module docs).
+pub(crate) async fn upkeep(idem: &Idem, retention: &Retention) -> Result<Upkeep, sqlx::Error> {
+    let statements = idem.statements();
+    let width = retention.bucket_width_duration();
+    let made = statements
+        .prepare_buckets(idem.pool(), width, retention.future_bound_duration())
+        .await?;
+    let longest = retention
+        .scope_windows()
+        .map(|(_, window)| window)
+        .fold(retention.window(), Duration::max);
+    let mut dropped = 0;
+    loop {
+        match statements
+            .expire_bucket(idem.pool(), longest, EXPIRY_LOCK_TIMEOUT)
+            .await
+        {
+            Ok(Some(bucket)) => {
+                tracing::info!(bucket, "idem retention: an expired time bucket was dropped");
+                dropped += 1;
+            }
+            Ok(None) => break,
+            Err(error) if crate::transactional::is_lock_timeout(&error) => {
+                tracing::info!(
+                    "idem retention: the time buckets' table was busy; the expired bucket goes at the next run"
+                );
+                break;
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    crate::telemetry::buckets(made, dropped);
+    Ok(Upkeep { made, dropped })
+}
