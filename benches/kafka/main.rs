@@ -568,11 +568,13 @@ async fn verify(
     let (rows, matching, keys): (i64, i64, i64) = sqlx::query_as(&format!(
         "WITH expected AS (
             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]) AS e(order_id, event_type, amount_cents)
+        ), applied AS (
+            SELECT order_id, event_type, amount_cents, count(*) AS n
+            FROM order_effects GROUP BY order_id, event_type, amount_cents
         )
         SELECT (SELECT count(*) FROM order_effects),
-               (SELECT count(*) FROM expected e WHERE (SELECT count(*) FROM order_effects o
-                    WHERE o.order_id = e.order_id AND o.event_type = e.event_type
-                      AND o.amount_cents = e.amount_cents) = 1),
+               (SELECT count(*) FROM expected JOIN applied USING (order_id, event_type, amount_cents)
+                WHERE applied.n = 1),
                (SELECT count(*) FROM {})",
         match contender.side {
             Side::Hand => "processed_keys",
@@ -610,7 +612,7 @@ fn report(runs: &[Run], round_trips: &[(f64, f64)]) -> String {
     for &(asked, measured) in round_trips {
         for run in runs.iter().filter(|run| run.round_trip_ms == asked) {
             out.push_str(&format!(
-                "| {asked} ms ({measured:.2}) | {} | {} | {:.0} | {:.0} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} |\n",
+                "| {asked} ms ({measured:.2}) | {} | {} | {:.0} | {:.0} | {:.2} | {:.1} | {:.1} | {:.1} | {:.3} |\n",
                 run.contender,
                 run.facts,
                 run.steady_facts_per_sec,
