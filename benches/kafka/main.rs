@@ -3,8 +3,8 @@
 //! at 0, 0.5 and 2 ms of round trip between the consumers and PostgreSQL.
 //!
 //! ```text
-//! cargo bench --bench kafka                  # full run, about 15 minutes
-//! cargo bench --bench kafka -- --quick       # smoke run, about 3 minutes
+//! cargo bench --bench kafka                  # full run, 5 to 15 minutes
+//! cargo bench --bench kafka -- --quick       # smoke run, about a minute
 //! cargo bench --bench kafka -- --help        # the settings below
 //! ```
 //!
