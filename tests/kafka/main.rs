@@ -21,6 +21,7 @@ mod outbox_lock_timeout;
 mod outbox_relay_faults;
 mod outbox_savepoints;
 mod per_message;
+mod slow_link;
 mod spans;
 mod stalled_member_gives_up;
 mod support;

@@ -33,6 +33,16 @@ pub struct Harness {
     _one_at_a_time: MutexGuard<'static, ()>,
 }
 
+/// How the consumers' handle reaches the test's database.
+enum Reach {
+    /// As the test's pool does.
+    Direct,
+    /// Through a transaction pooler at this URL.
+    Pooler(String),
+    /// Through a proxy at this address.
+    Proxy(std::net::SocketAddr),
+}
+
 /// The tests that run consumers take turns: on 2 cores, several scenarios at once would
 /// only measure each other's load (and time out).
 static BROKER_TESTS: Mutex<()> = Mutex::const_new(());
@@ -49,14 +59,33 @@ impl Harness {
     /// Finds or starts the broker (failing, with how to install it, if `tansu` is
     /// missing), creates a topic with `partitions` partitions and the tables.
     pub async fn new(test_pool: &PgPool, label: &str, partitions: i32) -> Harness {
-        Self::through(test_pool, label, partitions, None).await
+        Self::through(test_pool, label, partitions, Reach::Direct).await
+    }
+
+    /// [`new`](Self::new), with the consumers' handle reaching the test's database through
+    /// a proxy at `proxy` (such as a `SlowLink` to it); `pool` stays a direct connection,
+    /// for the checks.
+    pub async fn through_proxy(
+        test_pool: &PgPool,
+        label: &str,
+        partitions: i32,
+        proxy: std::net::SocketAddr,
+    ) -> Harness {
+        Self::through(test_pool, label, partitions, Reach::Proxy(proxy)).await
     }
 
     /// [`new`](Self::new), on a broker of the test's own ([`LocalBroker::private`]: a
     /// fresh `tansu` on its own port and storage), which the test can kill and restart
     /// (`harness.broker.kill()`, [`restart_broker`](Self::restart_broker)).
     pub async fn with_private_broker(test_pool: &PgPool, label: &str, partitions: i32) -> Harness {
-        Self::on_broker(test_pool, label, partitions, None, LocalBroker::private).await
+        Self::on_broker(
+            test_pool,
+            label,
+            partitions,
+            Reach::Direct,
+            LocalBroker::private,
+        )
+        .await
     }
 
     /// [`new`](Self::new), with the consumers' handle reaching the test's database through
@@ -70,23 +99,18 @@ impl Harness {
         let url = std::env::var("IDEM_PGBOUNCER_TRANSACTION_URL").expect(
             "IDEM_PGBOUNCER_TRANSACTION_URL: run the tests through scripts/test.sh, or export what `scripts/services.sh up --print-env pgbouncer` prints",
         );
-        Self::through(test_pool, label, partitions, Some(url)).await
+        Self::through(test_pool, label, partitions, Reach::Pooler(url)).await
     }
 
-    async fn through(
-        test_pool: &PgPool,
-        label: &str,
-        partitions: i32,
-        pooler: Option<String>,
-    ) -> Harness {
-        Self::on_broker(test_pool, label, partitions, pooler, LocalBroker::ensure).await
+    async fn through(test_pool: &PgPool, label: &str, partitions: i32, reach: Reach) -> Harness {
+        Self::on_broker(test_pool, label, partitions, reach, LocalBroker::ensure).await
     }
 
     async fn on_broker(
         test_pool: &PgPool,
         label: &str,
         partitions: i32,
-        pooler: Option<String>,
+        reach: Reach,
         broker: fn() -> Result<LocalBroker, BrokerError>,
     ) -> Harness {
         let one_at_a_time = BROKER_TESTS.lock().await;
@@ -104,9 +128,24 @@ impl Harness {
             .connect_with(test_pool.connect_options().as_ref().clone())
             .await
             .unwrap();
-        let idem = match pooler {
-            None => Idem::new(pool.clone()),
-            Some(url) => {
+        let idem = match reach {
+            Reach::Direct => Idem::new(pool.clone()),
+            Reach::Proxy(address) => {
+                let options = test_pool
+                    .connect_options()
+                    .as_ref()
+                    .clone()
+                    .host(&address.ip().to_string())
+                    .port(address.port());
+                let linked = PgPoolOptions::new()
+                    .max_connections(10)
+                    .acquire_timeout(Duration::from_secs(2))
+                    .connect_with(options)
+                    .await
+                    .unwrap();
+                Idem::new(linked)
+            }
+            Reach::Pooler(url) => {
                 let database = test_pool
                     .connect_options()
                     .get_database()
