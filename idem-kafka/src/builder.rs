@@ -71,6 +71,25 @@ impl ConsumerBuilder {
         self
     }
 
+    /// How many partitions the member works at once: at most `n` deliveries (a message, or
+    /// a batch of one partition's messages) are handled at the same time, one per
+    /// partition at most, each partition's in order.
+    ///
+    /// Each delivery in flight holds a connection of [`Idem`]'s pool while it runs (a
+    /// delivery waiting to be retried holds none, and no other partition waits for it).
+    /// The default is the pool's size less two, at least 1: the member's own flushes of
+    /// positions, its stall watch and its dead letters take a connection now and then. `n`
+    /// above the pool's size is lowered to it. Set it lower when the pool serves other
+    /// work too (an outbox relay, several consumers on one pool); 1 works one delivery at
+    /// a time across all the member's partitions.
+    ///
+    /// A member holds few partitions when its group has many members: it never works more
+    /// deliveries at once than it holds partitions.
+    pub fn max_in_flight(mut self, n: usize) -> Self {
+        self.settings.max_in_flight = Some(n.max(1));
+        self
+    }
+
     /// How often processed offsets are committed (default 1 s).
     pub fn commit_interval(mut self, interval: Duration) -> Self {
         self.settings.commit_interval = interval;

@@ -1,26 +1,30 @@
-//! The consumer-group member's loop: receives, gathers batches, hands them to the
-//! [dispatcher](crate::dispatch), retries what can pass, commits what is done, leaves the
+//! The consumer-group member's loop: receives, routes each message to its partition's
+//! [lane](crate::lanes), starts [workers](crate::worker) on the lanes' deliveries, marks
+//! what they are done with, commits it, hands partitions over on rebalances, leaves the
 //! group.
 
 use std::fmt;
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
 
 use idem_runtime::Idem;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use crate::context::GroupContext;
+use crate::context::{GroupContext, list_of};
 use crate::delivery::Delivery;
-use crate::dispatch::{Dispatcher, Pending};
+use crate::dispatch::Dispatcher;
 use crate::error::ConsumerError;
 use crate::fate::Fate;
 use crate::group_view::GroupView;
 use crate::handler::Handler;
+use crate::handover::{Handed, Key};
+use crate::lanes::{Lanes, Routed};
 use crate::offset_store::OffsetStore;
 use crate::position_behind::PositionBehind;
 use crate::schema::{self, Schema};
@@ -28,6 +32,7 @@ use crate::settings::Settings;
 use crate::stall_watch::{Activity, Bounds, StallWatch, Verdict};
 use crate::stats::Stats;
 use crate::store;
+use crate::worker::{Report, Workers};
 
 /// A member of a Kafka consumer group that hands every message (or batch of messages) to
 /// a [`Handler`].
@@ -46,21 +51,52 @@ use crate::store;
 /// the same message with a growing back-off: the partition waits, nothing is skipped and
 /// no offset at or after it is committed.
 ///
-/// With a batch size above 1, the consumer takes up to that many messages (what arrives
-/// within the batch linger of the first) and hands them to [`Handler::handle_batch`].
-/// Their fates are routed in order up to the first message to retry: the messages before
-/// it are done, and after the back-off that message is handled again on its own, then the
-/// rest of the batch together.
+/// With a batch size above 1, the consumer takes up to that many messages of a partition
+/// (what arrives within the batch linger of the first) and hands them to
+/// [`Handler::handle_batch`]. Their fates are routed in order up to the first message to
+/// retry: the messages before it are done, and after the back-off that message is handled
+/// again on its own, then the rest of the batch together.
+///
+/// The member works the partitions it holds in parallel: at most one delivery (a message
+/// or a batch) of each partition at a time, in partition order, and at most
+/// [`max_in_flight`](crate::ConsumerBuilder::max_in_flight) deliveries at once, each on a
+/// connection of the [`Idem`] pool. A partition waiting in back-off holds up no other.
 pub struct Consumer<H> {
     consumer: StreamConsumer<GroupContext>,
     idem: Idem,
     settings: Settings,
     schema: Schema,
     stats: Arc<Stats>,
-    dispatch: Dispatcher<H>,
+    dispatch: Arc<Dispatcher<H>>,
     view: GroupView,
     activity: Arc<Activity>,
+    /// Deliveries worked at once (the setting, within the pool's size).
+    max_in_flight: usize,
 }
+
+/// What the loop of [`Consumer::run`] keeps: the lanes, the workers' tasks, the
+/// revocations that wait for deliveries in flight.
+struct Member<H> {
+    lanes: Lanes,
+    /// Dropped with the loop (a kill aborts the task running it): the workers end with it.
+    tasks: JoinSet<()>,
+    /// Revoked partitions (and whether incrementally) whose deliveries are finishing.
+    revoking: Vec<(Vec<Key>, bool)>,
+    workers: Workers<H>,
+}
+
+/// What the reports of the workers call for, once they are applied.
+#[derive(Debug, Default)]
+struct After {
+    /// Messages are done before one to retry: flush.
+    flush: bool,
+    /// A message is retried: look whether the database went back.
+    retrying: bool,
+}
+
+/// Messages a partition's lane queues before the partition's fetches pause (or twice the
+/// batch size, if more).
+const QUEUED_PER_PARTITION: usize = 500;
 
 impl<H> fmt::Debug for Consumer<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -106,15 +142,15 @@ impl<H: Handler> Consumer<H> {
         }
         let consumer: StreamConsumer<GroupContext> = client.create_with_context(context)?;
         consumer.subscribe(&[&settings.topic])?;
-        let dispatch = Dispatcher {
+        let dispatch = Arc::new(Dispatcher {
             idem: idem.clone(),
             handler,
             group: settings.group.clone(),
             offsets: settings.offsets,
             schema: schema.clone(),
             progress: consumer.context().progress.clone(),
-            receipts: Arc::default(),
-        };
+        });
+        let max_in_flight = settings.max_in_flight(idem.pool().options().get_max_connections());
         let view = GroupView::new(
             &settings.brokers,
             &settings.group,
@@ -131,6 +167,7 @@ impl<H: Handler> Consumer<H> {
             dispatch,
             view,
             activity: Arc::default(),
+            max_in_flight,
         })
     }
 
@@ -159,9 +196,9 @@ impl<H: Handler> Consumer<H> {
         crate::test_util::KillSwitch::new(self.consumer.context().killed.clone())
     }
 
-    /// Consumes until `shutdown` completes, then finishes the current message (or
-    /// batch), commits what was processed and leaves the group. Bad messages and database
-    /// outages do not end it.
+    /// Consumes until `shutdown` completes, then finishes the deliveries in flight (each
+    /// partition's current message or batch), commits what was processed and leaves the
+    /// group. Bad messages and database outages do not end it.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ConsumerError> {
         let mut shutdown = pin!(shutdown);
         let mut tick = tokio::time::interval(self.settings.commit_interval);
@@ -170,18 +207,64 @@ impl<H: Handler> Consumer<H> {
         let watching = tokio::spawn(self.stall_watch().run(verdicts));
         tracing::info!(
             group = %self.settings.group, topic = %self.settings.topic, offsets = %self.settings.offsets,
-            batch_size = self.settings.batch_size, "consumer started"
+            batch_size = self.settings.batch_size, max_in_flight = self.max_in_flight,
+            "consumer started"
         );
+        let (reports_to, mut reports) = mpsc::unbounded_channel();
+        let workers = Workers {
+            dispatch: self.dispatch.clone(),
+            permits: Arc::new(Semaphore::new(self.max_in_flight)),
+            reports: reports_to,
+            stats: self.stats.clone(),
+            batch_size: self.settings.batch_size,
+            retry_backoff: self.settings.retry_backoff,
+            max_retry_backoff: self.settings.max_retry_backoff,
+        };
+        let mut member = Member {
+            lanes: Lanes::new(
+                self.settings.batch_size,
+                self.settings.batch_linger,
+                (self.settings.batch_size * 2).max(QUEUED_PER_PARTITION),
+            ),
+            tasks: JoinSet::new(),
+            revoking: Vec::new(),
+            workers,
+        };
+        let handover = &self.consumer.context().handover;
         let mut stalled = None;
         // While rejoining: when to subscribe again.
         let mut resubscribe: Option<tokio::time::Instant> = None;
         loop {
-            let first = tokio::select! {
-                biased;
+            self.take_handed(&mut member);
+            self.give_up_revoked(&mut member);
+            self.start_ready(&mut member);
+            let due = member.lanes.next_due();
+            let revoking = !member.revoking.is_empty();
+            // Unbiased: a steady stream of messages must not starve the workers' reports,
+            // nor the reports the stream.
+            tokio::select! {
                 () = &mut shutdown => break,
+                Some(report) = reports.recv() => {
+                    let mut after = After::default();
+                    self.apply(report, &mut member, &mut after);
+                    // What else is there, at once: one flush and one look for them all.
+                    while let Ok(report) = reports.try_recv() {
+                        self.apply(report, &mut member, &mut after);
+                    }
+                    if after.flush {
+                        self.save_progress(&mut member.lanes).await;
+                    }
+                    if after.retrying {
+                        self.go_back_if_behind(&mut member.lanes).await;
+                    }
+                }
+                Some(joined) = member.tasks.join_next() => {
+                    if let Err(error) = joined && error.is_panic() {
+                        std::panic::resume_unwind(error.into_panic());
+                    }
+                }
                 _ = tick.tick() => {
-                    self.save_progress().await;
-                    continue;
+                    self.save_progress(&mut member.lanes).await;
                 }
                 () = wait_until(resubscribe) => {
                     resubscribe = None;
@@ -189,7 +272,6 @@ impl<H: Handler> Consumer<H> {
                         tracing::warn!(%error, "subscribing again failed; retrying in a second");
                         resubscribe = Some(tokio::time::Instant::now() + Duration::from_secs(1));
                     }
-                    continue;
                 }
                 Ok(()) = verdict.changed() => {
                     match verdict.borrow_and_update().clone() {
@@ -205,24 +287,46 @@ impl<H: Handler> Consumer<H> {
                             break;
                         }
                     }
-                    continue;
                 }
-                received = self.consumer.recv() => match received {
-                    Ok(message) => Delivery::from_message(&message),
+                () = handover.handed() => {}
+                () = wait_until(due) => {}
+                // Not while a revocation waits for its deliveries: librdkafka waits for its
+                // unassign call, and serves no other rebalance meanwhile.
+                received = handover.polling(self.consumer.recv()), if !revoking => match received {
+                    Ok(message) => {
+                        let delivery = Delivery::from_message(&message);
+                        drop(message);
+                        self.activity.received();
+                        self.stats.received(1);
+                        // The callback may have changed the assignment before this message.
+                        self.take_handed(&mut member);
+                        self.route(delivery, &mut member.lanes);
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "kafka reported an error; consuming on");
                         tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
                     }
                 },
-            };
-            self.activity.received();
-            let deliveries = self.fill_batch(first).await;
-            self.stats.received(deliveries.len());
-            if !self.process(deliveries, shutdown.as_mut()).await {
-                break;
             }
         }
+        // Stopping: the deliveries in flight finish (a back-off ends at once), nothing
+        // queued starts.
+        member.lanes.stop_all();
+        while member.lanes.any_running() {
+            tokio::select! {
+                Some(report) = reports.recv() => {
+                    self.apply(report, &mut member, &mut After::default());
+                }
+                Some(joined) = member.tasks.join_next() => {
+                    if let Err(error) = joined && error.is_panic() {
+                        std::panic::resume_unwind(error.into_panic());
+                    }
+                }
+            }
+        }
+        self.activity.working(false);
+        self.take_handed(&mut member);
+        self.give_up_revoked(&mut member);
         watching.abort();
         if let Some(why) = &stalled {
             tracing::error!(group = %self.settings.group, topic = %self.settings.topic, "{why}; rejoining the group did not help: stopping, for the supervisor to start this member again");
@@ -231,6 +335,102 @@ impl<H: Handler> Consumer<H> {
         match stalled {
             None => Ok(()),
             Some(why) => Err(ConsumerError::Stalled(why)),
+        }
+    }
+
+    /// Applies what the rebalance callback handed over, in order.
+    fn take_handed(&self, member: &mut Member<H>) {
+        for handed in self.consumer.context().handover.take() {
+            match handed {
+                Handed::Assigned(keys) => member.lanes.assigned(&keys),
+                Handed::Revoked(keys) => member.lanes.remove(&keys),
+                Handed::Revoking {
+                    partitions,
+                    cooperative,
+                } => {
+                    member.lanes.revoking(&partitions);
+                    member.revoking.push((partitions, cooperative));
+                }
+                Handed::Dropped => member.lanes.reset_all(),
+            }
+        }
+    }
+
+    /// Gives up the revoked partitions whose deliveries are done: saves their progress
+    /// and makes the unassign call librdkafka waits for.
+    fn give_up_revoked(&self, member: &mut Member<H>) {
+        let context = self.consumer.context();
+        let lanes = &mut member.lanes;
+        member.revoking.retain(|(keys, cooperative)| {
+            if lanes.any_running_of(keys) {
+                return true;
+            }
+            lanes.remove(keys);
+            context.give_up(&self.consumer, &list_of(keys), *cooperative);
+            false
+        });
+    }
+
+    /// Hands the deliveries that can start to workers.
+    fn start_ready(&self, member: &mut Member<H>) {
+        let handover = &self.consumer.context().handover;
+        for ready in member.lanes.ready(tokio::time::Instant::now()) {
+            handover.set_busy(&ready.key, true);
+            member.tasks.spawn(member.workers.clone().work(ready));
+        }
+        // Partitions whose lanes worked off their queues fetch again.
+        let resumed = member.lanes.take_resumable();
+        if !resumed.is_empty()
+            && let Err(error) = self.consumer.resume(&list_of(&resumed))
+        {
+            tracing::warn!(%error, "resuming partitions failed");
+        }
+        self.activity.working(member.lanes.any_running());
+    }
+
+    /// Queues a message in its partition's lane (pausing the partition when the lane is
+    /// full).
+    fn route(&self, delivery: Delivery, lanes: &mut Lanes) {
+        let key = (delivery.topic.clone(), delivery.partition);
+        if lanes.route(delivery, tokio::time::Instant::now()) == Routed::Pause
+            && let Err(error) = self.consumer.pause(&list_of(std::slice::from_ref(&key)))
+        {
+            tracing::warn!(%error, topic = %key.0, partition = key.1, "pausing a partition failed");
+        }
+    }
+
+    /// Applies a worker's report: the messages it is done with are processed (unless its
+    /// lane was reset since).
+    fn apply(&self, report: Report, member: &mut Member<H>, after: &mut After) {
+        match report {
+            Report::Done {
+                key,
+                generation,
+                done,
+                receipts,
+                retrying,
+            } => {
+                if !member.lanes.is_current(&key, generation) {
+                    return;
+                }
+                // What the round's batch transactions stored is what PostgreSQL holds now.
+                self.consumer.context().progress.confirm(&receipts);
+                if retrying.is_some() {
+                    // A new message failed: commit what is done. The failure may be the
+                    // database's having gone back (a failover).
+                    after.flush |= !done.is_empty();
+                    after.retrying = true;
+                }
+                for (delivery, fate) in &done {
+                    self.done(delivery, fate);
+                }
+            }
+            Report::Finished { key, generation } => {
+                member.lanes.finished(&key, generation);
+                if !member.lanes.any_running_of(std::slice::from_ref(&key)) {
+                    self.consumer.context().handover.set_busy(&key, false);
+                }
+            }
         }
     }
 
@@ -273,104 +473,6 @@ impl<H: Handler> Consumer<H> {
         self.consumer.unsubscribe();
     }
 
-    /// Adds to `first` what arrives within the batch linger, up to the batch size.
-    ///
-    /// Out of the `select!` of [`run`](Self::run): a message received here must not be
-    /// dropped with a cancelled future.
-    async fn fill_batch(&self, first: Delivery) -> Vec<Delivery> {
-        let mut deliveries = vec![first];
-        let deadline = tokio::time::Instant::now() + self.settings.batch_linger;
-        while deliveries.len() < self.settings.batch_size {
-            match tokio::time::timeout_at(deadline, self.consumer.recv()).await {
-                Ok(Ok(message)) => {
-                    self.activity.received();
-                    deliveries.push(Delivery::from_message(&message));
-                }
-                Ok(Err(error)) => {
-                    tracing::warn!(%error, "kafka reported an error; consuming on");
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
-        deliveries
-    }
-
-    /// Handles `deliveries`, retrying from the first one whose failure can pass. `false`
-    /// if `shutdown` completed first: the unprocessed messages keep their offsets
-    /// uncommitted.
-    async fn process<F: Future<Output = ()>>(
-        &self,
-        deliveries: Vec<Delivery>,
-        mut shutdown: Pin<&mut F>,
-    ) -> bool {
-        let pending: Vec<Pending> = deliveries.into_iter().map(Pending::new).collect();
-        self.activity.working(true);
-        let went_on = self.process_retrying(pending, shutdown.as_mut()).await;
-        self.activity.working(false);
-        went_on
-    }
-
-    /// [`process`](Self::process), the retries included.
-    async fn process_retrying<F: Future<Output = ()>>(
-        &self,
-        mut pending: Vec<Pending>,
-        mut shutdown: Pin<&mut F>,
-    ) -> bool {
-        let mut backoff = self.settings.retry_backoff;
-        let mut attempt = 0u32;
-        loop {
-            let fates = if self.settings.batch_size <= 1 && pending.len() == 1 {
-                vec![self.dispatch.handle_one(&pending[0].delivery).await]
-            } else {
-                // A retry takes the failing message on its own: if it fails again, the
-                // messages behind it are not rolled back and redone one by one with it.
-                let round = if attempt > 0 { 1 } else { pending.len() };
-                self.stats.batch();
-                self.dispatch.handle_round(&mut pending[..round]).await
-            };
-            let done = fates.iter().take_while(|fate| fate.is_final()).count();
-            let mut fates = fates.into_iter();
-            for (item, fate) in pending.drain(..done).zip(fates.by_ref()) {
-                self.done(&item.delivery, &fate);
-            }
-            let Some(Fate::Retry { error, in_progress }) = fates.next() else {
-                if pending.is_empty() {
-                    return true;
-                }
-                // The retried message is done: the rest of the batch, together again.
-                backoff = self.settings.retry_backoff;
-                attempt = 0;
-                continue;
-            };
-            if done > 0 {
-                // A new message failed: its own back-off, and commit what is done.
-                backoff = self.settings.retry_backoff;
-                attempt = 0;
-                self.save_progress().await;
-            }
-            // The failure may be the database's having gone back (a failover): then the
-            // messages waiting here are read again from the stored positions.
-            let waiting: Vec<&Delivery> = pending.iter().map(|item| &item.delivery).collect();
-            if self.go_back_if_behind(&waiting).await {
-                return true;
-            }
-            attempt += 1;
-            self.stats.retried(in_progress);
-            let at = &pending[0].delivery;
-            tracing::warn!(
-                topic = %at.topic, partition = at.partition, offset = at.offset, attempt,
-                waiting = pending.len(), retry_in = ?backoff, %error, in_progress,
-                "message not applied yet; retrying it (its offset stays uncommitted)"
-            );
-            tokio::select! {
-                () = tokio::time::sleep(backoff) => {}
-                () = &mut shutdown => return false,
-            }
-            backoff = (backoff * 2).min(self.settings.max_retry_backoff);
-        }
-    }
-
     /// A message is done with (its fate is final): marks its offset processed and counts
     /// it.
     fn done(&self, at: &Delivery, fate: &Fate) {
@@ -398,14 +500,14 @@ impl<H: Handler> Consumer<H> {
     /// was nothing to store, or storing failed, reads the stored positions back, and goes
     /// back to them where the database went back (a failover while this member had
     /// nothing to write would otherwise go unseen).
-    async fn save_progress(&self) {
+    async fn save_progress(&self, lanes: &mut Lanes) {
         match self.store_progress().await {
             Stored::Written => {}
             Stored::Nothing => {
-                self.go_back_if_behind(&[]).await;
+                self.go_back_if_behind(lanes).await;
             }
             Stored::Failed => {
-                self.go_back_if_behind(&[]).await;
+                self.go_back_if_behind(lanes).await;
                 return;
             }
         }
@@ -460,9 +562,10 @@ impl<H: Handler> Consumer<H> {
     /// whose stored position is behind one this member saw committed (the database lost
     /// commits: a failover to a standby that lagged, a restore), starts that partition over
     /// from the stored position, so that the messages whose effects were lost are handled
-    /// again (the others are duplicates). `waiting`: messages taken off the consumer and
-    /// not done with, which are then dropped and read again. Returns whether it went back.
-    async fn go_back_if_behind(&self, waiting: &[&Delivery]) -> bool {
+    /// again (the others are duplicates): its lane drops what it queued, its worker stops
+    /// (after the attempt in flight), and the partition is read again from there. Returns
+    /// whether it went back.
+    async fn go_back_if_behind(&self, lanes: &mut Lanes) -> bool {
         let progress = &self.consumer.context().progress;
         if self.settings.offsets != OffsetStore::Postgres || !progress.knows_stored() {
             return false;
@@ -494,6 +597,7 @@ impl<H: Handler> Consumer<H> {
             return false;
         }
         let mut seek = TopicPartitionList::new();
+        let mut paused = Vec::new();
         for gone in &behind {
             let error = PositionBehind {
                 topic: topic.clone(),
@@ -510,30 +614,18 @@ impl<H: Handler> Consumer<H> {
             progress.rewind(topic, gone.partition, gone.stored);
             self.stats
                 .rewound(topic, gone.partition, gone.stored.unwrap_or(0));
+            let key = (topic.clone(), gone.partition);
+            if lanes.reset(&key) {
+                paused.push(key);
+            }
             let offset = gone.stored.map_or(Offset::Beginning, Offset::Offset);
             seek.add_partition_offset(topic, gone.partition, offset)
                 .ok();
         }
-        // The other partitions of the messages dropped: read again from the first of them.
-        let mut firsts: Vec<(&str, i32, i64)> = Vec::new();
-        for delivery in waiting {
-            if behind
-                .iter()
-                .any(|gone| delivery.topic == *topic && gone.partition == delivery.partition)
-            {
-                continue;
-            }
-            match firsts
-                .iter_mut()
-                .find(|(t, p, _)| *t == delivery.topic && *p == delivery.partition)
-            {
-                Some(first) => first.2 = first.2.min(delivery.offset),
-                None => firsts.push((&delivery.topic, delivery.partition, delivery.offset)),
-            }
-        }
-        for (t, partition, offset) in firsts {
-            seek.add_partition_offset(t, partition, Offset::Offset(offset))
-                .ok();
+        // Resumed first: a resume goes on from the last message received, the seek then
+        // from the stored position.
+        if !paused.is_empty() {
+            self.consumer.resume(&list_of(&paused)).ok();
         }
         // Without waiting: the seek's barrier drops what was fetched before it at once.
         if let Err(error) = self.consumer.seek_partitions(seek, Duration::ZERO) {
@@ -541,6 +633,7 @@ impl<H: Handler> Consumer<H> {
         }
         true
     }
+
     /// Saves the progress (synchronously) and leaves the group.
     async fn close(self) -> Result<(), ConsumerError> {
         let commit_too = self.store_progress().await != Stored::Failed;

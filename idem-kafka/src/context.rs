@@ -13,6 +13,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 
+use crate::handover::{Handed, Handover, Key};
 use crate::offset_store::OffsetStore;
 use crate::progress::{Pending, PositionRow, Progress};
 use crate::schema::Schema;
@@ -25,6 +26,8 @@ pub(crate) struct GroupContext {
     pub schema: Schema,
     pub progress: Arc<Progress>,
     pub killed: Arc<AtomicBool>,
+    /// What the rebalance callback hands over to the member's loop.
+    pub handover: Handover,
     database: PgConnectOptions,
 }
 
@@ -41,6 +44,7 @@ impl GroupContext {
             schema,
             progress: Arc::default(),
             killed: Arc::new(AtomicBool::new(false)),
+            handover: Handover::default(),
             database,
         }
     }
@@ -116,8 +120,12 @@ impl GroupContext {
     }
 
     /// On revocation: store and commit what was processed in the revoked partitions,
-    /// then forget them.
-    fn save_revoked(&self, base: &BaseConsumer<Self>, revoked: &TopicPartitionList) {
+    /// then forget them. Blocks (the commit, and the store on a thread of its own).
+    pub fn save_revoked(
+        &self,
+        base: &impl rdkafka::consumer::Consumer<Self>,
+        revoked: &TopicPartitionList,
+    ) {
         let keys: Vec<(String, i32)> = revoked
             .elements()
             .iter()
@@ -162,6 +170,25 @@ impl GroupContext {
         {
             tracing::warn!(%error, "committing the revoked partitions' offsets failed; they will be read again (duplicates)");
         }
+    }
+
+    /// Gives up revoked `partitions` whose deliveries are done: resumes them (a pause of
+    /// the member's outlives the assignment in librdkafka), stores and commits what was
+    /// processed in them, and unassigns them.
+    pub fn give_up(
+        &self,
+        base: &impl rdkafka::consumer::Consumer<Self>,
+        partitions: &TopicPartitionList,
+        cooperative: bool,
+    ) {
+        base.resume(partitions).ok();
+        self.save_revoked(base, partitions);
+        let unassigned = if cooperative {
+            base.incremental_unassign(partitions)
+        } else {
+            base.unassign()
+        };
+        log_rebalance("revoked", &describe(partitions), unassigned);
     }
 
     /// Runs a short database job from inside an rdkafka callback, which is synchronous:
@@ -243,21 +270,31 @@ impl ConsumerContext for GroupContext {
                 };
                 self.progress.hold(&listed);
                 log_rebalance("assigned", &described, assigned);
+                self.handover.hand(Handed::Assigned(listed));
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 self.progress.release(&listed);
-                self.save_revoked(base, partitions);
-                let unassigned = if cooperative {
-                    base.incremental_unassign(partitions)
-                } else {
-                    base.unassign()
-                };
-                log_rebalance("revoked", &described, unassigned);
+                if self.handover.defers(&listed) {
+                    // librdkafka waits for the unassign call, holding the partitions'
+                    // fetches: the loop makes it once their deliveries are done.
+                    tracing::info!(
+                        partitions = described,
+                        "partitions revoked; finishing their deliveries in flight before giving them up"
+                    );
+                    self.handover.hand(Handed::Revoking {
+                        partitions: listed,
+                        cooperative,
+                    });
+                    return;
+                }
+                self.give_up(base, partitions, cooperative);
+                self.handover.hand(Handed::Revoked(listed));
             }
             other => {
                 tracing::error!(error = ?other, "rebalance failed; dropping the assignment");
                 self.progress.clear();
                 base.unassign().ok();
+                self.handover.hand(Handed::Dropped);
             }
         }
     }
@@ -268,6 +305,15 @@ impl ConsumerContext for GroupContext {
             self.progress.uncommit(offsets);
         }
     }
+}
+
+/// The list of `keys`, without offsets.
+pub(crate) fn list_of(keys: &[Key]) -> TopicPartitionList {
+    let mut list = TopicPartitionList::new();
+    for (topic, partition) in keys {
+        list.add_partition(topic, *partition);
+    }
+    list
 }
 
 fn describe(partitions: &TopicPartitionList) -> String {

@@ -45,13 +45,12 @@ pub(crate) struct Dispatcher<H> {
     pub schema: Schema,
     /// The member's progress: the floors of the positions handed out.
     pub progress: Arc<Progress>,
-    /// What batch handlers' transactions stored of those positions.
-    pub receipts: Arc<Receipts>,
 }
 
 impl<H: Handler> Dispatcher<H> {
     /// Handles one delivery once (the per-message path), in its `process` span.
-    pub async fn handle_one(&self, delivery: &Delivery) -> Fate {
+    /// `receipts`: where the positions handed out note what their transactions stored.
+    pub async fn handle_one(&self, delivery: &Delivery, receipts: &Arc<Receipts>) -> Fate {
         let span = telemetry::process_span(
             &self.group,
             &delivery.topic,
@@ -64,17 +63,18 @@ impl<H: Handler> Dispatcher<H> {
                 Ok(message) => message,
                 Err(error) => {
                     return self
-                        .dead_letter(delivery, Reason::Undecodable, &error, true)
+                        .dead_letter(delivery, Reason::Undecodable, &error, Some(receipts))
                         .await;
                 }
             };
-            let position = (self.offsets == OffsetStore::Postgres).then(|| self.position(delivery));
+            let position =
+                (self.offsets == OffsetStore::Postgres).then(|| self.position(delivery, receipts));
             let trace = TraceContext::of_incoming(delivery.header(TRACE_HEADER));
             tracing::Span::current().record("trace_parent", trace.trace_id());
             let fate = trace
                 .run(self.handler.handle(&self.idem, &message, position.as_ref()))
                 .await;
-            self.route(delivery, fate, false).await
+            self.route(delivery, fate, false, receipts).await
         };
         let fate = handled.instrument(span.clone()).await;
         telemetry::record_fate(&span, &fate);
@@ -82,8 +82,14 @@ impl<H: Handler> Dispatcher<H> {
     }
 
     /// One round of the batch path over `pending`, in its `process` span: the fates of
-    /// the messages done with, in order, up to and with the first one to retry.
-    pub async fn handle_round(&self, pending: &mut [Pending]) -> Vec<Fate> {
+    /// the messages done with, in order, up to and with the first one to retry. What the
+    /// round's transactions stored is in `receipts` when it returns: what PostgreSQL holds
+    /// now.
+    pub async fn handle_round(
+        &self,
+        pending: &mut [Pending],
+        receipts: &Arc<Receipts>,
+    ) -> Vec<Fate> {
         let first = &pending[0].delivery;
         let span = telemetry::process_span(
             &self.group,
@@ -93,18 +99,20 @@ impl<H: Handler> Dispatcher<H> {
             pending.len(),
         );
         let fates = self
-            .handle_round_in_span(pending)
+            .handle_round_in_span(pending, receipts)
             .instrument(span.clone())
             .await;
         if let Some(last) = fates.last() {
             telemetry::record_fate(&span, last);
         }
-        // What the round's transactions stored is what PostgreSQL holds now.
-        self.progress.confirm(&self.receipts.drain());
         fates
     }
 
-    async fn handle_round_in_span(&self, pending: &mut [Pending]) -> Vec<Fate> {
+    async fn handle_round_in_span(
+        &self,
+        pending: &mut [Pending],
+        receipts: &Arc<Receipts>,
+    ) -> Vec<Fate> {
         // Undecodable messages first, in their own transactions, without positions: the
         // batch transaction may then store positions past them.
         let (decoded, slots) = match self.decode_round(pending).await {
@@ -120,7 +128,7 @@ impl<H: Handler> Dispatcher<H> {
                         .iter()
                         .zip(&slots)
                         .filter(|(_, slot)| slot.is_some())
-                        .map(|(item, _)| self.position(&item.delivery))
+                        .map(|(item, _)| self.position(&item.delivery, receipts))
                         .collect()
                 });
             // The batch's records carry the trace of its first message.
@@ -141,7 +149,7 @@ impl<H: Handler> Dispatcher<H> {
                 item.executed |= *fate == Fate::Executed;
             }
         }
-        self.route_round(pending, &slots, handled).await
+        self.route_round(pending, &slots, handled, receipts).await
     }
 
     /// Decodes the messages of a round: the decoded ones, and per message its index among
@@ -161,7 +169,7 @@ impl<H: Handler> Dispatcher<H> {
                 }
                 Err(error) => {
                     let fate = self
-                        .dead_letter(&item.delivery, Reason::Undecodable, &error, false)
+                        .dead_letter(&item.delivery, Reason::Undecodable, &error, None)
                         .await;
                     if !fate.is_final() {
                         return Err(fate);
@@ -180,6 +188,7 @@ impl<H: Handler> Dispatcher<H> {
         pending: &[Pending],
         slots: &[Option<usize>],
         handled: Vec<Fate>,
+        receipts: &Arc<Receipts>,
     ) -> Vec<Fate> {
         let mut fates = Vec::with_capacity(pending.len());
         for (item, slot) in pending.iter().zip(slots) {
@@ -194,7 +203,9 @@ impl<H: Handler> Dispatcher<H> {
                 fates.push(Fate::retry("not handled in this round"));
                 return fates;
             };
-            let fate = self.route(&item.delivery, fate, item.executed).await;
+            let fate = self
+                .route(&item.delivery, fate, item.executed, receipts)
+                .await;
             let retry = !fate.is_final();
             fates.push(fate);
             if retry {
@@ -211,24 +222,32 @@ impl<H: Handler> Dispatcher<H> {
     /// Routes a fate: dead letters are written (with the position, in the Postgres
     /// variant, in the same transaction). `executed_before`: an earlier round ran this
     /// message's handler, so a duplicate now is its own effect.
-    async fn route(&self, delivery: &Delivery, fate: Fate, executed_before: bool) -> Fate {
+    async fn route(
+        &self,
+        delivery: &Delivery,
+        fate: Fate,
+        executed_before: bool,
+        receipts: &Arc<Receipts>,
+    ) -> Fate {
         match fate {
             Fate::Duplicate if executed_before => Fate::Executed,
             Fate::DeadLetter { reason, error } => {
-                self.dead_letter(delivery, reason, &error, true).await
+                self.dead_letter(delivery, reason, &error, Some(receipts))
+                    .await
             }
             other => other,
         }
     }
 
     /// Writes the delivery to the dead-letter table; in the Postgres variant and with
-    /// `store_position`, stores the position after it in the same transaction.
+    /// `store_position` (the receipts of its positions), stores the position after it in
+    /// the same transaction.
     async fn dead_letter(
         &self,
         delivery: &Delivery,
         reason: Reason,
         error: &str,
-        store_position: bool,
+        store_position: Option<&Arc<Receipts>>,
     ) -> Fate {
         let written = async {
             // In a task of its own: sqlx 0.8 returns a connection to the pool inside an
@@ -246,8 +265,10 @@ impl<H: Handler> Dispatcher<H> {
                 error,
             )
             .await?;
-            if store_position && self.offsets == OffsetStore::Postgres {
-                self.position(delivery).store(&mut tx).await?;
+            if let Some(receipts) = store_position
+                && self.offsets == OffsetStore::Postgres
+            {
+                self.position(delivery, receipts).store(&mut tx).await?;
             }
             tx.commit().await?;
             Ok::<_, sqlx::Error>(new)
@@ -273,7 +294,7 @@ impl<H: Handler> Dispatcher<H> {
     }
 
     /// The position after `delivery`, guarded by what the member knows PostgreSQL holds.
-    fn position(&self, delivery: &Delivery) -> Position {
+    fn position(&self, delivery: &Delivery, receipts: &Arc<Receipts>) -> Position {
         Position::new(
             &self.schema,
             self.group.clone(),
@@ -283,7 +304,7 @@ impl<H: Handler> Dispatcher<H> {
         )
         .with_floor(
             self.progress.floor(&delivery.topic, delivery.partition),
-            &self.receipts,
+            receipts,
         )
     }
 }

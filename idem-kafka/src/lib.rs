@@ -10,8 +10,12 @@
 //!   consumer moves on;
 //! - what may succeed later (the database is down, the key is in flight elsewhere) is
 //!   retried with a back-off, without committing past it;
-//! - rebalances commit (and store) what the revoked partitions processed; a graceful
-//!   shutdown finishes the current message and leaves the group;
+//! - the partitions a member holds are worked in parallel, each in order, one delivery
+//!   in flight per partition, at most [`max_in_flight`](ConsumerBuilder::max_in_flight)
+//!   at once;
+//! - rebalances finish the revoked partitions' deliveries in flight, then commit (and
+//!   store) what they processed; a graceful shutdown finishes the deliveries in flight
+//!   and leaves the group;
 //! - each message (or batch) is handled in a `process <topic>` span after the
 //!   OpenTelemetry messaging conventions, with idem's outcome on it.
 //!
@@ -76,7 +80,9 @@ mod error;
 mod fate;
 mod group_view;
 mod handler;
+mod handover;
 mod headway;
+mod lanes;
 mod offset_store;
 pub mod outbox;
 mod position;
@@ -93,6 +99,7 @@ mod telemetry;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod test_util;
+mod worker;
 
 pub use batch_positions::BatchPositions;
 pub use builder::ConsumerBuilder;
