@@ -62,7 +62,18 @@ async fn every_paid_event_is_notified_once_despite_duplicates_and_a_crash_mid_ef
     )
     .await
     .unwrap();
-    let mut members = vec![harness.notifier("n0", crashing.clone())];
+    // The crashing member works one delivery at a time, so that its crash leaves one effect
+    // in flight: a member working its partitions in parallel leaves each of the effects it
+    // has in flight unmarked, each repeated once its lease expired.
+    let mut members = vec![harness.member(
+        "n0",
+        PaymentNotifications::new(crashing.clone()),
+        |builder| {
+            builder
+                .retry_backoff(Duration::from_millis(50), Duration::from_secs(1))
+                .max_in_flight(1)
+        },
+    )];
     for n in 1..CONSUMERS {
         let service = NotificationService::connect(options.clone(), settings)
             .await

@@ -20,6 +20,7 @@ mod outbox_chain;
 mod outbox_lock_timeout;
 mod outbox_relay_faults;
 mod outbox_savepoints;
+mod partitions_in_parallel;
 mod per_message;
 mod slow_link;
 mod spans;
