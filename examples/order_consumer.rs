@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use idem_kafka::{Consumer, Fate, Handler, OffsetStore, Position};
+use idem_kafka::{BatchPositions, Consumer, Fate, Handler, OffsetStore, Position};
 use idem_runtime::{Idem, idempotent};
 use serde::Deserialize;
 use sqlx::postgres::PgPoolOptions;
@@ -36,12 +36,13 @@ struct OrderEvent {
 
 /// The business write, once per `event_key` however often the event arrives. The row and
 /// the key's `success` (and, with `--offsets postgres`, the partition's position) commit in
-/// one transaction. `batch = true` also generates `apply_order_event_batch`.
+/// one transaction.
 #[idempotent(
     key = "event_key",
     fingerprint = "order_id, event_type, amount_cents",
-    max_attempts = 3,
-    batch = true
+    scope = "order_consumer::apply_order_event",
+    shared_scope = true,
+    max_attempts = 3
 )]
 async fn apply_order_event(
     tx: &mut PgConnection,
@@ -61,6 +62,48 @@ async fn apply_order_event(
     }
     Ok(())
 }
+
+/// The batch path (`--batch-size` above 1): the same keys in the same scope, and one
+/// statement for the business rows of a whole batch. `events` are the messages whose keys
+/// this transaction claimed (duplicates and parked keys are decided before the body runs).
+/// With `--offsets postgres`, `positions` stores each partition's position in the same
+/// transaction, first, up to the first message that is not done.
+#[idempotent(
+    key = "event_key",
+    fingerprint = "order_id, event_type, amount_cents",
+    scope = "order_consumer::apply_order_event",
+    shared_scope = true,
+    max_attempts = 3
+)]
+async fn apply_order_events(
+    tx: &mut PgConnection,
+    events: &[&OrderEvent],
+    positions: &BatchPositions,
+) -> Result<(), sqlx::Error> {
+    let written = async {
+        positions.store_once(&mut *tx).await?;
+        sqlx::query(
+            "INSERT INTO order_events_applied (order_id, event_type, amount_cents) \
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])",
+        )
+        .bind(events.iter().map(|e| e.order_id.as_str()).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.amount_cents).collect::<Vec<_>>())
+        .execute(&mut *tx)
+        .await
+        .map(|_| ())
+    };
+    let result = written.await;
+    if result.is_err() {
+        // The batch rolls back, positions included, and runs again one message per
+        // transaction: the first of those stores the positions.
+        positions.forget();
+    }
+    result
+}
+
+/// The scope both handlers share.
+const SCOPE: &str = "order_consumer::apply_order_event";
 
 /// What the consumer does with a message: decode it, apply it, tell the consumer its fate.
 struct OrderEvents;
@@ -84,11 +127,23 @@ impl Handler for OrderEvents {
         &self,
         idem: &Idem,
         events: &[OrderEvent],
-        _: Option<&[Position]>,
+        positions: Option<&[Position]>,
     ) -> Vec<Fate> {
-        // One claim statement and one commit for the batch; the consumer stores the
-        // batch's positions after it.
-        let outcomes = apply_order_event_batch(idem, events, None).await;
+        // With offsets in PostgreSQL, the batch's positions and each message's key as the
+        // handler derives it (its generated `<handler>_key` function).
+        let positions = match positions {
+            Some(positions) => {
+                let keys = events.iter().map(|event| {
+                    apply_order_events_key(event)
+                        .ok()
+                        .map(|key| (key.key(), key.fingerprint()))
+                });
+                BatchPositions::new(idem, SCOPE, positions, keys)
+            }
+            None => BatchPositions::new(idem, SCOPE, &[], []),
+        };
+        // One claim statement, one body and one commit for the batch.
+        let outcomes = apply_order_events(idem, events, &positions).await;
         outcomes.into_iter().map(Fate::of).collect()
     }
 }
@@ -158,8 +213,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let args = Args::parse();
     if let Some(address) = args.metrics {
+        // Histograms with buckets: the dashboard in ops/ adds them up across instances.
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(address)
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Suffix("_seconds".to_owned()),
+                &[
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                ],
+            )?
             .install()?;
         tracing::info!("metrics at http://{address}/metrics");
     }
