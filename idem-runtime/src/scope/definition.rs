@@ -61,12 +61,15 @@ fn decide(
     Decision::Changed
 }
 
-/// Whether two definitions derive the same keys and compare payloads alike: the same
-/// key, and the same fingerprint or none on one side (a fingerprint missing on either
-/// side never refuses a payload, so adding or removing one changes nothing recorded).
+/// Whether two definitions derive the same keys, keep them in the same table and compare
+/// payloads alike: the same key and time part, and the same fingerprint or none on one
+/// side (a fingerprint missing on either side never refuses a payload, so adding or
+/// removing one changes nothing recorded).
 fn alike(a: &str, b: &str) -> bool {
     a == b
-        || (key_of(a) == key_of(b) && (fingerprint_of(a).is_none() || fingerprint_of(b).is_none()))
+        || (key_of(a) == key_of(b)
+            && time_of(a) == time_of(b)
+            && (fingerprint_of(a).is_none() || fingerprint_of(b).is_none()))
 }
 
 /// The fingerprint's part of a definition, if it has one.
@@ -148,6 +151,14 @@ fn changed(checked: &Checked<'_>, recorded: &str) -> Error {
     let scope = checked.spec.scope;
     let ours = checked.definition.as_str();
     let (recorded_key, our_key) = (key_of(recorded), key_of(ours));
+    if time_of(recorded) != time_of(ours) && without_time(recorded) == without_time(ours) {
+        let message = format!(
+            "scope `{scope}` has keys derived as `{recorded}`, and this handler derives them as `{ours}`: one of them keeps its keys by the fact's time (`event_time`, in the time buckets) and the other in the status table, so a fact delivered again would not find its key and would run again. Give this handler a `scope` of its own (the old scope's keys expire with its retention window), or revert the change"
+        );
+        return Error::Refused(Refusal::KeyChanged(KeyChanged::new(
+            scope, recorded, ours, message,
+        )));
+    }
     let what = if recorded_key == our_key {
         "the payload fingerprint's fields changed, so a duplicate of a key recorded with the old fingerprint would be refused as another payload"
     } else {
@@ -167,6 +178,18 @@ fn changed(checked: &Checked<'_>, recorded: &str) -> Error {
     Error::Refused(Refusal::KeyChanged(KeyChanged::new(
         scope, recorded, ours, message,
     )))
+}
+
+/// The time part of a definition, ` time(occurred_at)`, where its keys are kept by it.
+fn time_of(definition: &str) -> Option<&str> {
+    definition.find(" time(").map(|at| &definition[at..])
+}
+
+/// A definition without its time part.
+fn without_time(definition: &str) -> &str {
+    definition
+        .find(" time(")
+        .map_or(definition, |at| &definition[..at])
 }
 
 /// The key's part of a definition: `key(order_id s, event_type s)`.

@@ -160,6 +160,53 @@ async fn a_key_derived_otherwise_is_refused_while_the_scope_has_keys(pool: PgPoo
     ));
 }
 
+#[idempotent(
+    key = "order_id, occurred_at",
+    event_time = "occurred_at",
+    scope = "identity_timed"
+)]
+async fn apply_timed(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    testing::insert_effect(tx, event).await.map(|_| ())
+}
+
+#[sqlx::test(migrations = false)]
+async fn keys_kept_by_time_or_not_are_another_definition_refused_while_the_scope_has_keys(
+    pool: PgPool,
+) {
+    let idem = testing::setup(&pool).await;
+    assert!(
+        apply_timed(&idem, &event("o-1"))
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    assert_eq!(
+        scope_column(&pool, "identity_timed", "key_definition")
+            .await
+            .as_deref(),
+        Some("idem:v1 key(order_id s, occurred_at t) time(occurred_at)")
+    );
+    // The build before this one kept the same keys in the status table.
+    let earlier = "idem:v1 key(order_id s, occurred_at t)";
+    sqlx::query("UPDATE idem.idem_scopes SET key_definition = $1 WHERE scope = 'identity_timed'")
+        .bind(earlier)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let deployed = Idem::new(pool.clone());
+    let error = apply_timed(&deployed, &event("o-2")).await.unwrap_err();
+    let Error::KeyChanged(changed) = &error else {
+        panic!("expected KeyChanged, got {error:?}");
+    };
+    assert_eq!(changed.recorded(), earlier);
+    let text = error.to_string();
+    for needle in ["event_time", "a `scope` of its own"] {
+        assert!(text.contains(needle), "{needle:?} not in {text}");
+    }
+    assert!(!text.contains("previous_key"), "{text}");
+    assert_eq!(effects(&pool).await, 1, "nothing ran");
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_key_changed_on_a_scope_without_keys_is_recorded(pool: PgPool) {
     let idem = testing::setup(&pool).await;
