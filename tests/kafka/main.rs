@@ -2,7 +2,9 @@
 //!
 //! Needs the `tansu` broker (`cargo install tansu --version 0.6.0 --locked --features
 //! libsql`, or `scripts/services.sh up kafka`) or a broker in `KAFKA_BROKERS`, and
-//! PostgreSQL at `DATABASE_URL`. The scenarios that run consumers take turns.
+//! PostgreSQL at `DATABASE_URL`. The scenarios that run consumers take turns. With
+//! `IDEM_TEST_DATABASE_ROUND_TRIP_MS` set (e.g. `1`), the members reach PostgreSQL over a
+//! link that adds that round trip.
 
 #![allow(dead_code)]
 
@@ -22,7 +24,6 @@ mod outbox_relay_faults;
 mod outbox_savepoints;
 mod partitions_in_parallel;
 mod per_message;
-mod slow_link;
 mod spans;
 mod stalled_member_gives_up;
 mod support;

@@ -23,7 +23,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::slow_link::SlowLink;
+use crate::support::slow_link::SlowLink;
 use crate::support::{Harness, Stillness};
 
 const PARTITIONS: i32 = 6;

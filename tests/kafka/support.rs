@@ -30,8 +30,23 @@ pub struct Harness {
     pub pool: PgPool,
     pub idem: Idem,
     stop: watch::Sender<bool>,
+    /// The link between the members and the database, with [`ROUND_TRIP_VARIABLE`].
+    _link: Option<SlowLink>,
     _one_at_a_time: MutexGuard<'static, ()>,
 }
+
+/// The round trip (in milliseconds, e.g. `1` or `0.5`) to add between every harness's
+/// members and the test's database (a [`SlowLink`]), unset for none: the suites over a
+/// network. Members through a pooler reach it directly.
+pub const ROUND_TRIP_VARIABLE: &str = "IDEM_TEST_DATABASE_ROUND_TRIP_MS";
+
+/// The slow link of the suites, in this folder (a module of this one, so that the other
+/// binaries that share this file have it too).
+#[allow(dead_code)]
+#[path = "slow_link.rs"]
+pub mod slow_link;
+
+use slow_link::SlowLink;
 
 /// How the consumers' handle reaches the test's database.
 enum Reach {
@@ -114,6 +129,23 @@ impl Harness {
         broker: fn() -> Result<LocalBroker, BrokerError>,
     ) -> Harness {
         let one_at_a_time = BROKER_TESTS.lock().await;
+        // The suites over a network: members reach the database through a slow link.
+        let mut link = None;
+        let reach = match (reach, std::env::var(ROUND_TRIP_VARIABLE)) {
+            (Reach::Direct, Ok(millis)) => {
+                let millis: f64 = millis
+                    .parse()
+                    .unwrap_or_else(|_| panic!("{ROUND_TRIP_VARIABLE}: milliseconds"));
+                let options = test_pool.connect_options();
+                let target = format!("{}:{}", options.get_host(), options.get_port());
+                let started = SlowLink::start(&target, Duration::from_secs_f64(millis / 1000.0))
+                    .expect("a slow link to the database");
+                let address = started.address();
+                link = Some(started);
+                Reach::Proxy(address)
+            }
+            (reach, _) => reach,
+        };
         let broker = tokio::task::spawn_blocking(broker)
             .await
             .unwrap()
@@ -183,6 +215,7 @@ impl Harness {
             pool,
             idem,
             stop: watch::channel(false).0,
+            _link: link,
             _one_at_a_time: one_at_a_time,
         }
     }
