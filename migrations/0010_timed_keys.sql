@@ -74,8 +74,8 @@ BEGIN
     IF fact >= now() + ahead_ms * interval '1 millisecond' THEN
         RETURN 'too_new';
     END IF;
-    IF width < interval '1 minute' THEN
-        RAISE EXCEPTION 'idem: a bucket is at least a minute wide, not %', width
+    IF width < interval '1 minute' OR width > interval '1 day' THEN
+        RAISE EXCEPTION 'idem: a bucket is a minute to a day wide, not %', width
             USING ERRCODE = '22023';
     END IF;
     PERFORM pg_advisory_xact_lock(hashtext('idem timed buckets'), hashtext(current_schema()));

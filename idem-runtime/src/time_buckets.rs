@@ -26,7 +26,12 @@
 //! }
 //! ```
 //!
-//! Every delivery and every re-send of one fact carries the same time, so the fact's key
+//! Every delivery and every re-send of one fact must carry the same time, to the
+//! nanosecond: the key encodes the instant exactly (see [`key`](crate::key)). A producer
+//! that stamps a fact once and sends that stamp every time does; one that re-reads the
+//! time from a store of lower precision (PostgreSQL keeps microseconds, JSON and Kafka
+//! timestamps often milliseconds) before a re-send must stamp the fact at that precision
+//! in the first place. Then the fact's key
 //! lives in exactly one *bucket*: a partition of the table `idem_timed_keys` holding the
 //! facts of one hour ([`Retention::bucket_width`]). A claim names the fact's time, and
 //! touches that bucket alone: a new key's index is the small index of the current hour,
@@ -68,12 +73,21 @@
 //!
 //! Buckets are shared by the scopes of the schema, so a scope with a shorter window keeps
 //! its keys as long as the longest window needs them: longer, never shorter. A fact is
-//! still refused once its own scope's window has passed.
+//! still refused once its own scope's window has passed. The longest window is that of
+//! the handle that runs the cleanup and the windows the scopes' handlers declare
+//! (`retention = "..."`): a handler that needs a longer window than the cleaner's settings
+//! declares it, so that no cleaner drops its buckets early.
+//!
+//! [`PurgeReport::buckets_dropped`](crate::retention::PurgeReport::buckets_dropped)
+//! counts the buckets dropped, each with all its keys; `deleted` counts the keys deleted
+//! row by row from the status table only, and a dry run reports no buckets.
 //!
 //! Both are functions of the schema (`idem_timed_bucket`, `idem_timed_expire`, migration
 //! 0010) owned by the role that migrated it (`SECURITY DEFINER`): a consumer's role needs
 //! `EXECUTE` on them and no right to create tables, which
-//! [`consumer_grants`](crate::privileges::consumer_grants) gives.
+//! [`consumer_grants`](crate::privileges::consumer_grants) gives. Like `DELETE` on the
+//! status table for a cleaner, `EXECUTE` on `idem_timed_expire` lets a role expire buckets
+//! with a window of its choosing; grant it to the roles you trust with retention.
 //!
 //! # What this release does not do with it
 //!

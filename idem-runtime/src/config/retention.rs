@@ -103,13 +103,13 @@ impl Retention {
     }
 
     /// The width of the time buckets this handle creates for the keys of handlers with
-    /// `event_time` (default an hour; at least a minute): see
+    /// `event_time` (default an hour; from a minute to a day): see
     /// [`time_buckets`](crate::time_buckets). A bucket expires whole once its newest fact
     /// is older than the longest window, so a narrower bucket frees space sooner, and a
     /// wider one makes fewer tables. Changing it is safe at any time: buckets that exist
     /// keep their range, new ones fill the gaps.
     pub fn bucket_width(mut self, width: Duration) -> Self {
-        self.bucket_width = width.max(Duration::from_secs(60));
+        self.bucket_width = width.clamp(Duration::from_secs(60), Duration::from_secs(86_400));
         self
     }
 

@@ -1,7 +1,7 @@
 //! The fact's own time, which a handler names with `#[idempotent(event_time = "...")]`:
 //! the key field whose value buckets the handler's keys (see [`time_buckets`](crate::time_buckets)).
 
-use std::time::SystemTime;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, NaiveDateTime, TimeZone, Utc};
 
@@ -37,9 +37,30 @@ impl EventTime for NaiveDateTime {
     }
 }
 
+/// An instant outside chrono's range (some 262,000 years either way) is its nearest end,
+/// which is outside every window.
 impl EventTime for SystemTime {
     fn event_time(&self) -> Option<DateTime<Utc>> {
-        Some(DateTime::<Utc>::from(*self))
+        let nanos = nanos_since_epoch(*self);
+        let seconds = i64::try_from(nanos.div_euclid(1_000_000_000)).ok();
+        let subsec = u32::try_from(nanos.rem_euclid(1_000_000_000)).unwrap_or(0);
+        Some(
+            seconds
+                .and_then(|seconds| DateTime::from_timestamp(seconds, subsec))
+                .unwrap_or(if nanos < 0 {
+                    DateTime::<Utc>::MIN_UTC
+                } else {
+                    DateTime::<Utc>::MAX_UTC
+                }),
+        )
+    }
+}
+
+/// Nanoseconds since 1970-01-01T00:00:00Z, before it negative.
+fn nanos_since_epoch(time: SystemTime) -> i128 {
+    match time.duration_since(UNIX_EPOCH) {
+        Ok(after) => i128::try_from(after.as_nanos()).unwrap_or(i128::MAX),
+        Err(before) => -i128::try_from(before.duration().as_nanos()).unwrap_or(i128::MAX),
     }
 }
 
@@ -72,10 +93,12 @@ pub fn fact_time<T: EventTime + ?Sized>(value: &T) -> Option<DateTime<Utc>> {
 }
 
 /// An instant of the system clock: as a key part it encodes as the `DateTime<Utc>` of the
-/// same instant, so that a field's type changed between the two keeps the keys.
+/// same instant (nanoseconds since 1970), so that a field's type changed between the two
+/// keeps the keys; an instant chrono cannot hold encodes the same way.
 impl KeyPart for SystemTime {
     fn encode_key_part(&self, encoder: &mut KeyEncoder) -> Result<(), MissingValue> {
-        DateTime::<Utc>::from(*self).encode_key_part(encoder)
+        encoder.instant_nanos(nanos_since_epoch(*self));
+        Ok(())
     }
 }
 
@@ -115,6 +138,22 @@ mod tests {
                 .finish()
         };
         assert_eq!(key(&system), key(&utc));
+    }
+
+    #[test]
+    fn a_system_time_beyond_chronos_range_is_its_end_and_still_a_key() {
+        let far = UNIX_EPOCH + Duration::from_secs(300_000 * 365 * 86_400);
+        assert_eq!(fact_time(&far), fact_time(&DateTime::<Utc>::MAX_UTC));
+        let before = UNIX_EPOCH - Duration::from_secs(300_000 * 365 * 86_400);
+        assert_eq!(fact_time(&before), fact_time(&DateTime::<Utc>::MIN_UTC));
+        assert!(KeyBuilder::new().part("at", &far).is_ok());
+        let before_1970 = UNIX_EPOCH - Duration::from_nanos(1_500_000_001);
+        let key = |part: &dyn KeyPart| KeyBuilder::new().part("at", part).unwrap().finish();
+        assert_eq!(
+            key(&before_1970),
+            key(&DateTime::<Utc>::from(before_1970)),
+            "before 1970, as chrono encodes it"
+        );
     }
 
     #[test]

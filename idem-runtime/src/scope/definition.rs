@@ -95,6 +95,14 @@ pub(super) async fn check(
     let scope = spec.scope;
     let ours = checked.definition.as_str();
     let our_previous = checked.previous.as_ref().map(|previous| previous.as_str());
+    // The scope's keys are where this handler keeps its own, whatever is recorded: a
+    // scope released (`release_scope`) is recorded again with this handler's definition,
+    // and a handler that keeps its keys by the fact's time would not find those of the
+    // status table (or the other way round). Once per scope and process.
+    let timed = time_of(ours).is_some();
+    if statements.has_keys_in(pool, scope, !timed).await? {
+        return Err(elsewhere(checked, row.key_definition.as_deref(), timed));
+    }
     // A change that another process recorded meanwhile is decided on again.
     for _ in 0..3 {
         let recorded = row.key_definition.as_deref();
@@ -177,6 +185,29 @@ fn changed(checked: &Checked<'_>, recorded: &str) -> Error {
     );
     Error::Refused(Refusal::KeyChanged(KeyChanged::new(
         scope, recorded, ours, message,
+    )))
+}
+
+/// The refusal of a handler whose scope has keys in the other table than its own.
+fn elsewhere(checked: &Checked<'_>, recorded: Option<&str>, timed: bool) -> Error {
+    let scope = checked.spec.scope;
+    let ours = checked.definition.as_str();
+    let (theirs, mine) = if timed {
+        ("in the status table", "by the fact's time (`event_time`)")
+    } else {
+        (
+            "by the fact's time (in the time buckets)",
+            "in the status table (no `event_time`)",
+        )
+    };
+    let message = format!(
+        "scope `{scope}` has keys kept {theirs}, and this handler keeps its keys {mine}: a fact delivered again would not find its key and would run again. Give this handler a `scope` of its own (the old scope's keys expire with its retention window), or revert the change"
+    );
+    Error::Refused(Refusal::KeyChanged(KeyChanged::new(
+        scope,
+        recorded.unwrap_or("(none recorded)"),
+        ours,
+        message,
     )))
 }
 

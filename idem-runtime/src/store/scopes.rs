@@ -22,6 +22,8 @@ pub(super) struct Sql {
     previous_key_seen: String,
     /// Whether a scope has keys.
     has_keys: String,
+    has_plain_keys: String,
+    has_timed_keys: String,
     /// A scope of the same crate, message type and key that has keys and no handler in
     /// the binary: the scope of a handler renamed or moved.
     moved_from: String,
@@ -71,6 +73,12 @@ impl Sql {
                 "UPDATE {schema}.idem_scopes SET previous_key_seen_at = now() \
                  WHERE scope = $1 AND (previous_key_seen_at IS NULL \
                                        OR previous_key_seen_at < now() - interval '1 minute')"
+            ),
+            has_plain_keys: format!(
+                "SELECT EXISTS (SELECT FROM {schema}.idem_keys WHERE scope = $1)"
+            ),
+            has_timed_keys: format!(
+                "SELECT EXISTS (SELECT FROM {schema}.idem_timed_keys WHERE scope = $1)"
             ),
             // In the status table or in the buckets of the timed one.
             has_keys: format!(
@@ -253,7 +261,25 @@ impl Statements {
             .map(drop)
     }
 
-    /// Whether `scope` has keys in the status table.
+    /// Whether `scope` has keys in the time buckets (`timed`) or in the status table.
+    pub(crate) async fn has_keys_in(
+        &self,
+        pool: &PgPool,
+        scope: &str,
+        timed: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let statement = if timed {
+            &self.scopes.has_timed_keys
+        } else {
+            &self.scopes.has_plain_keys
+        };
+        self.query(statement, &[scope.into()])
+            .fetch_one(pool)
+            .await?
+            .try_get(0)
+    }
+
+    /// Whether `scope` has keys, in the status table or in the time buckets.
     pub(crate) async fn has_keys(&self, pool: &PgPool, scope: &str) -> Result<bool, sqlx::Error> {
         self.query(&self.scopes.has_keys, &[scope.into()])
             .fetch_one(pool)

@@ -34,6 +34,9 @@ impl Delivery<'_> {
         } = *self;
         let scope = spec.scope;
         let time = self.fact_window();
+        if time.is_some_and(|time| !representable(time.at)) {
+            return Step::Done(Err(self.outside_window()));
+        }
         let rates = idem.duplicate_rates();
         let claiming = Timer::start();
         let mut tx = match idem.key_transaction().await {
@@ -244,6 +247,13 @@ impl Delivery<'_> {
         idem.cache_existing(spec.cache, scope, key, &existing).await;
         decide(key, existing, codec)
     }
+}
+
+/// Whether PostgreSQL's `timestamptz` holds `at` (4713 BC to 294276 AD): a time beyond is
+/// outside every window.
+fn representable(at: chrono::DateTime<Utc>) -> bool {
+    use chrono::Datelike;
+    (-4712..=294_275).contains(&at.year())
 }
 
 /// What the claim of the previous definition's key found in its way.

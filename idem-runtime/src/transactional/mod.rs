@@ -47,9 +47,9 @@ use crate::Idem;
 use crate::current::CurrentDelivery;
 use crate::faults::BackendKill;
 use crate::handler::{HandlerSpec, ResultCodec};
-use crate::key::IdempotencyKey;
 use crate::key::definition::KeyLayout;
 use crate::key::handler_key::MessageKeys;
+use crate::key::{IdempotencyKey, KeyError};
 use crate::key_transaction::KeyTransaction;
 use crate::outcome::{Error, HandlerError, Outcome};
 use crate::scope;
@@ -97,6 +97,11 @@ where
     let identity = scope::handler_identity::<F>();
     let span = telemetry::span(spec.scope, keys.key, Mode::Transaction);
     let result = async {
+        // A handler with `event_time` whose message has no time for it: its key is not
+        // in the status table either.
+        if let (Some(field), None) = (layout.event_time, keys.fact_time) {
+            return Err(Error::Key(KeyError::MissingValue { field }));
+        }
         idem.check_scope(spec, identity, layout).await?;
         run_checked(idem, spec, Mode::Transaction, keys, codec, body).await
     }

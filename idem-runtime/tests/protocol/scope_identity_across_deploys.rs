@@ -207,6 +207,42 @@ async fn keys_kept_by_time_or_not_are_another_definition_refused_while_the_scope
     assert_eq!(effects(&pool).await, 1, "nothing ran");
 }
 
+#[idempotent(
+    key = "order_id, occurred_at",
+    scope = "identity_layout",
+    shared_scope = true
+)]
+async fn apply_untimed(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    testing::insert_effect(tx, event).await.map(|_| ())
+}
+
+#[idempotent(
+    key = "order_id, occurred_at",
+    event_time = "occurred_at",
+    scope = "identity_layout",
+    shared_scope = true
+)]
+async fn apply_layout_timed(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    testing::insert_effect(tx, event).await.map(|_| ())
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_released_scope_with_keys_in_the_other_table_is_refused(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    let fact = event("o-1");
+    assert!(apply_untimed(&idem, &fact).await.unwrap().is_executed());
+    // The definition is forgotten (the step a crate rename asks for); the keys stay.
+    idem.release_scope("identity_layout").await.unwrap();
+    let deployed = Idem::new(pool.clone());
+    let error = apply_layout_timed(&deployed, &fact).await.unwrap_err();
+    assert!(matches!(error, Error::KeyChanged(_)), "{error:?}");
+    assert!(
+        error.to_string().contains("kept in the status table"),
+        "{error}"
+    );
+    assert_eq!(effects(&pool).await, 1, "the fact did not run again");
+}
+
 #[sqlx::test(migrations = false)]
 async fn a_key_changed_on_a_scope_without_keys_is_recorded(pool: PgPool) {
     let idem = testing::setup(&pool).await;
