@@ -27,6 +27,18 @@ pub fn message_type_of<M: ?Sized>(_: &M) -> fn() -> &'static str {
     core::any::type_name::<M>
 }
 
+/// A message whose key cannot be derived, in a handler of one message: counted as the
+/// handling's `key_error` outcome (`idem_handlings_total`), before anything is claimed.
+pub fn key_error<E>(spec: &HandlerSpec, lease: bool, error: KeyError) -> Error<E> {
+    let mode = if lease {
+        crate::telemetry::Mode::Lease
+    } else {
+        crate::telemetry::Mode::Transaction
+    };
+    crate::telemetry::count(spec.scope, mode, "key_error");
+    Error::Key(error)
+}
+
 /// Fixes the output type of the handler's body, so that `?` in it converts errors.
 pub fn handler_body<R, F: core::future::Future<Output = R>>(body: F) -> F {
     body

@@ -19,7 +19,12 @@ use tracing_subscriber::fmt::format::FmtSpan;
 #[error("declined")]
 struct Declined;
 
-#[idempotent(key = "order_id", scope = "metered", max_attempts = 2)]
+#[idempotent(
+    key = "order_id",
+    scope = "metered",
+    shared_scope = true,
+    max_attempts = 2
+)]
 async fn meter(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), Declined> {
     if event.amount_cents < 0 {
         return Err(Declined);
@@ -50,6 +55,13 @@ fn labels(key: &CompositeKey) -> Vec<(String, String)> {
         .collect()
 }
 
+// Keyed on the producer's stamp: a message without one has no key.
+#[idempotent(key = "event_key", scope = "metered", shared_scope = true)]
+async fn meter_stamped(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), Declined> {
+    let _ = (tx, event);
+    Ok(())
+}
+
 #[sqlx::test(migrations = false)]
 async fn outcomes_are_counted_and_spans_carry_them(pool: PgPool) {
     let recorder = DebuggingRecorder::new();
@@ -74,6 +86,7 @@ async fn outcomes_are_counted_and_spans_carry_them(pool: PgPool) {
     meter(&idem, &declined).await.unwrap_err(); // failed
     meter(&idem, &declined).await.unwrap_err(); // failed, parks the key
     meter(&idem, &declined).await.unwrap_err(); // parked
+    meter_stamped(&idem, &event).await.unwrap_err(); // no key: `event_key` is None
 
     let mut outcomes = Vec::new();
     let mut histograms = Vec::new();
@@ -106,6 +119,7 @@ async fn outcomes_are_counted_and_spans_carry_them(pool: PgPool) {
             ("duplicate".to_owned(), 1),
             ("executed".to_owned(), 1),
             ("failed".to_owned(), 1),
+            ("key_error".to_owned(), 1),
             ("parked".to_owned(), 2),
         ]
     );

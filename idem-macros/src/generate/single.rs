@@ -39,6 +39,7 @@ pub(super) fn expand(x: &Expansion<'_>, mode: Mode) -> TokenStream {
         Mode::Lease => lease_call(x, &layout, &keys),
     };
     let (spec_item, register, identifies) = (&x.spec.item, &x.spec.register, &x.key.identifies);
+    let (spec, lease) = (&x.spec.ident, mode == Mode::Lease);
     let message_keys = x.key.message_keys(private);
     let layout_items = x.key.layout(private, &x.handler.message, None, &layout);
     quote! {
@@ -54,7 +55,7 @@ pub(super) fn expand(x: &Expansion<'_>, mode: Mode) -> TokenStream {
             let #keys = match #derived {
                 ::core::result::Result::Ok(#derived) => #derived,
                 ::core::result::Result::Err(#error) => {
-                    return ::core::result::Result::Err(#private::Error::Key(#error));
+                    return ::core::result::Result::Err(#private::key_error(&#spec, #lease, #error));
                 }
             };
             #layout_items
