@@ -86,27 +86,12 @@ impl Delivery<'_> {
     /// deferred constraint): an attempt like a handler error, so that a message that can
     /// never commit is parked.
     async fn commit_refused<E>(&self, error: sqlx::Error) -> Error<E> {
-        let Delivery {
-            idem,
-            spec,
-            key,
-            fingerprint,
-            ..
-        } = *self;
+        let Delivery { idem, key, .. } = *self;
         let text = match idem.config().error_texts() {
             ErrorTexts::Full => storable_text(&format!("commit failed: {error}")),
             _ => error_kind("commit failed", &error),
         };
-        let recorded = record_failure(
-            idem,
-            spec,
-            key,
-            self.fact_time,
-            fingerprint,
-            &text,
-            self.max_attempts(),
-        )
-        .await;
+        let recorded = self.record_failure(&text).await;
         // The attempt that parks the key says so: dead-letter it now.
         match recorded {
             Some((attempts, true)) => Error::Parked {
@@ -167,22 +152,26 @@ impl Delivery<'_> {
             }));
         }
         let text = failure_text(&error, idem.config().error_texts());
-        let (attempts, parked) = record_failure(
-            idem,
-            spec,
-            key,
-            self.fact_time,
-            fingerprint,
-            &text,
-            self.max_attempts(),
-        )
-        .await
-        .unwrap_or((0, false));
+        let (attempts, parked) = self.record_failure(&text).await.unwrap_or((0, false));
         tracing::debug!(%key, scope, attempts, parked, error = %text, "handler failed");
         Step::Done(Err(Error::Handler {
             source: error,
             attempts,
             parked,
         }))
+    }
+
+    /// Records a failed attempt of this delivery's key (see [`record_failure`]).
+    async fn record_failure(&self, text: &str) -> Option<(u32, bool)> {
+        record_failure(
+            self.idem,
+            self.spec,
+            self.key,
+            self.fact_time,
+            self.fingerprint,
+            text,
+            self.max_attempts(),
+        )
+        .await
     }
 }
