@@ -7,6 +7,7 @@
 //! | metric | kind | labels | what |
 //! |---|---|---|---|
 //! | `idem_handlings_total` | counter | `scope`, `mode`, `outcome` | deliveries by outcome: `executed`, `duplicate`, `failed`, `parked`, `in_progress`, `mismatch`, `key_error`, `lease_lost`, `outside_window`, `transaction_ended`, `scope_conflict`, `key_changed`, `handler_moved`, `error` |
+//! | `idem_attempts_charged_total` | counter | `scope` | failed attempts recorded against messages (each counts towards `max_attempts`); failures that are the infrastructure's are not charged |
 //! | `idem_claim_duration_seconds` | histogram | `scope`, `mode` | the claim: from `BEGIN` to the decision (run the body, or not) |
 //! | `idem_handler_duration_seconds` | histogram | `scope`, `mode` | the handler's body |
 //! | `idem_cache_lookups_total` | counter | `result` | Redis look-ups: `hit`, `miss`, `error`, `skipped`, `forged` |
@@ -135,6 +136,11 @@ pub(crate) fn cache(name: &'static str, result: &'static str) {
 }
 
 /// Counts the keys of `scope` that a retention batch deleted.
+/// Counts a failed attempt recorded against a message of `scope`.
+pub(crate) fn attempt_charged(scope: &str) {
+    metrics::counter!("idem_attempts_charged_total", "scope" => scope.to_owned()).increment(1);
+}
+
 /// Counts the time buckets one upkeep made and dropped.
 pub(crate) fn buckets(made: u64, dropped: u64) {
     metrics::counter!("idem_time_buckets_created_total").increment(made);

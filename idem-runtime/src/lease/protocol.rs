@@ -287,6 +287,9 @@ impl LeaseDelivery<'_> {
                 .await?
         };
         tx.commit().await?;
+        if recorded.is_some() && !infrastructure {
+            crate::telemetry::attempt_charged(scope);
+        }
         match (recorded, failure) {
             (Some((attempts, parked)), Ok(source)) => Err(Error::Handler {
                 source,

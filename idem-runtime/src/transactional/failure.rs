@@ -42,7 +42,12 @@ pub(crate) async fn record_failure(
         Ok::<_, sqlx::Error>(recorded)
     };
     match recorded.await {
-        Ok(recorded) => recorded,
+        Ok(recorded) => {
+            if recorded.is_some() {
+                crate::telemetry::attempt_charged(spec.scope);
+            }
+            recorded
+        }
         Err(error) => {
             tracing::warn!(%key, scope = spec.scope, %error, "could not record a handler failure");
             None
