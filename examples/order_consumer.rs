@@ -86,8 +86,18 @@ async fn apply_order_events(
             "INSERT INTO order_events_applied (order_id, event_type, amount_cents) \
              SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])",
         )
-        .bind(events.iter().map(|e| e.order_id.as_str()).collect::<Vec<_>>())
-        .bind(events.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>())
+        .bind(
+            events
+                .iter()
+                .map(|e| e.order_id.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.event_type.as_str())
+                .collect::<Vec<_>>(),
+        )
         .bind(events.iter().map(|e| e.amount_cents).collect::<Vec<_>>())
         .execute(&mut *tx)
         .await

@@ -102,7 +102,7 @@ use std::time::Duration;
 
 use crate::Idem;
 pub use crate::config::retention::{DEFAULT_BUCKET_WIDTH, DEFAULT_FUTURE_BOUND};
-use crate::retention::Retention;
+use crate::config::retention::Retention;
 
 /// How long the drop of a bucket waits for the table's lock.
 const EXPIRY_LOCK_TIMEOUT: Duration = Duration::from_millis(200);
