@@ -101,8 +101,8 @@
 use std::time::Duration;
 
 use crate::Idem;
-pub use crate::config::retention::{DEFAULT_BUCKET_WIDTH, DEFAULT_FUTURE_BOUND};
 use crate::config::retention::Retention;
+pub use crate::config::retention::{DEFAULT_BUCKET_WIDTH, DEFAULT_FUTURE_BOUND};
 
 /// How long the drop of a bucket waits for the table's lock.
 const EXPIRY_LOCK_TIMEOUT: Duration = Duration::from_millis(200);
