@@ -94,9 +94,11 @@ struct After {
     retrying: bool,
 }
 
-/// Messages a partition's lane queues before the partition's fetches pause (or twice the
-/// batch size, if more).
-const QUEUED_PER_PARTITION: usize = 500;
+/// Messages a partition's lane queues before the partition's fetches pause (or twenty
+/// batches, if more). Pausing is dear: librdkafka drops what it had fetched for the
+/// partition and fetches it again on resume, so a bound of a few batches paused the
+/// partitions of a busy member over and over (the batch path ran at a third of its rate).
+const QUEUED_PER_PARTITION: usize = 10_000;
 
 impl<H> fmt::Debug for Consumer<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -224,7 +226,7 @@ impl<H: Handler> Consumer<H> {
             lanes: Lanes::new(
                 self.settings.batch_size,
                 self.settings.batch_linger,
-                (self.settings.batch_size * 2).max(QUEUED_PER_PARTITION),
+                (self.settings.batch_size * 20).max(QUEUED_PER_PARTITION),
             ),
             tasks: JoinSet::new(),
             revoking: Vec::new(),
