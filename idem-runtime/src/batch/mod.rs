@@ -47,9 +47,11 @@
 use crate::outcome::{Error, Outcome};
 
 mod claim;
+mod done;
 mod pass;
 mod plan;
 pub(crate) mod protocol;
+mod timed;
 
 /// The outcome of each message of a batch, in the order of the messages: what a
 /// `<handler>_batch` (`batch = true`) and a batch handler return.

@@ -5,6 +5,7 @@ use std::future::Future;
 
 use super::claim::{Claim, claim};
 use super::plan::{Derived, Indexed};
+use super::timed::Window;
 use crate::Idem;
 use crate::current::CurrentDelivery;
 use crate::faults;
@@ -30,11 +31,13 @@ pub(super) enum Pass<T, E> {
 /// Claims the keys of the messages `to_claim` and, if any is owned, hands the open
 /// transaction and the owned messages (in message order) to `work`, which runs the body
 /// and commits. With nothing owned, the transaction is dropped without a write.
+/// `window`: where the keys are kept by their facts' times, the scope's window.
 pub(super) async fn batch_pass<T, E, C, W, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     to_claim: &[usize],
     keyed: &impl Fn(usize) -> Derived,
+    window: Option<Window>,
     codec: &C,
     work: W,
 ) -> Pass<T, E>
@@ -44,24 +47,16 @@ where
     Fut: Future<Output = Result<Vec<Indexed<T, E>>, Fallback>>,
 {
     let claiming = Timer::start();
-    let claimed = claim(idem, spec, to_claim, keyed, codec).await;
+    let claimed = claim(idem, spec, to_claim, keyed, window, codec).await;
     claiming.claim(spec.scope, Mode::Batch);
     match claimed {
         Ok(None) => Pass::Committed(Vec::new()),
         Ok(Some(Claim {
-            tx, owned, decided, ..
-        })) if owned.is_empty() => {
-            // Read-only: dropping the transaction rolls it back before its connection is
-            // reused.
-            drop(tx);
-            Pass::Committed(decided)
-        }
-        Ok(Some(Claim {
-            tx,
+            tx: Some(tx),
             xid,
             owned,
             decided,
-        })) => match work(tx, xid.unwrap_or_default(), owned.clone()).await {
+        })) if !owned.is_empty() => match work(tx, xid.unwrap_or_default(), owned.clone()).await {
             Ok(executed) => {
                 let mut outcomes = decided;
                 outcomes.extend(executed);
@@ -73,6 +68,12 @@ where
                 reason,
             },
         },
+        // Read-only (or no transaction at all): dropping the transaction rolls it back
+        // before its connection is reused.
+        Ok(Some(Claim { tx, decided, .. })) => {
+            drop(tx);
+            Pass::Committed(decided)
+        }
         Err(reason) => Pass::OneByOne {
             retry: to_claim.to_vec(),
             decided: Vec::new(),
@@ -115,7 +116,14 @@ where
         for index in retry {
             let keys = keyed(index);
             let key = keys.key;
-            transactional::park_ended(idem, spec, &[(key, keys.fingerprint())], None, xid).await;
+            transactional::park_ended(
+                idem,
+                spec,
+                &[(key, keys.fingerprint())],
+                keys.fact_time,
+                xid,
+            )
+            .await;
             decided.push((index, Err(Error::TransactionEnded { key })));
         }
         return decided;
@@ -210,10 +218,11 @@ where
 {
     let mut stored_keys = Vec::new();
     let mut stored_results = Vec::new();
+    let mut stored_times = Vec::new();
     let mut values = Vec::with_capacity(owned.len());
     let mut at_commit = Vec::new();
     for index in owned {
-        let current = CurrentDelivery::one(idem, spec.scope, keyed(index).0);
+        let current = CurrentDelivery::one(idem, spec.scope, keyed(index).key);
         let (returned, result) = current.clone().run(body(tx, &messages[index])).await;
         at_commit.extend(current.take_at_commit());
         tx = returned;
@@ -225,14 +234,18 @@ where
             return Err(Fallback::HandlerFailed);
         };
         if let Some(stored) = stored {
-            stored_keys.push(keyed(index).0.as_uuid());
+            let derived = keyed(index);
+            stored_keys.push(derived.key.as_uuid());
             stored_results.push(stored);
+            stored_times.extend(derived.fact_time);
         }
         values.push((index, value));
     }
     if !stored_keys.is_empty() {
+        // Keys kept by their facts' times have one each.
+        let times = (stored_times.len() == stored_keys.len()).then_some(stored_times.as_slice());
         idem.statements()
-            .store_batch_results(&mut tx, spec.scope, &stored_keys, &stored_results)
+            .store_batch_results(&mut tx, spec.scope, &stored_keys, &stored_results, times)
             .await?;
     }
     // A body that swallowed a failed statement left the transaction aborted, or ended it
@@ -262,7 +275,7 @@ where
     Fut: Future<Output = (KeyTransaction, Result<(), E>)>,
 {
     let slice = owned.iter().map(|&index| &messages[index]).collect();
-    let keys = owned.iter().map(|&index| keyed(index).0).collect();
+    let keys = owned.iter().map(|&index| keyed(index).key).collect();
     let running = Timer::start();
     let current = CurrentDelivery::many(idem, scope, keys);
     let (tx, result) = current.clone().run(body(tx, slice)).await;

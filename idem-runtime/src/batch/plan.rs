@@ -3,6 +3,8 @@
 
 use std::collections::HashMap;
 
+use chrono::{DateTime, Utc};
+
 use super::BatchOutcomes;
 use crate::Idem;
 use crate::handler::ResultCodec;
@@ -12,8 +14,14 @@ use crate::key::{IdempotencyKey, KeyError};
 use crate::outcome::{Error, Outcome};
 use crate::scope;
 
-/// A message's key and payload fingerprint, as the handler derives them.
-pub(super) type Derived = (IdempotencyKey, Option<[u8; 32]>);
+/// A message's key, payload fingerprint and fact's time, as the handler derives them.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Derived {
+    pub(super) key: IdempotencyKey,
+    pub(super) fingerprint: Option<[u8; 32]>,
+    /// The fact's time, where the handler keeps its keys by it (`event_time`).
+    pub(super) fact_time: Option<DateTime<Utc>>,
+}
 
 /// One message's outcome, with its index in the batch.
 pub(super) type Indexed<T, E> = (usize, Result<Outcome<T>, Error<E>>);
@@ -56,8 +64,11 @@ pub(super) fn refuse_all<M, T, E>(messages: &[M], error: scope::Error) -> BatchO
 
 impl<T, E> Planned<T, E> {
     /// Derives every message's key; decides key errors and duplicates inside the batch.
+    /// `event_time`: the field that holds the fact's time, where the handler keeps its
+    /// keys by it (a message without a time has no key there).
     pub(super) fn new<'m, M>(
         messages: &'m [M],
+        event_time: Option<&'static str>,
         mut derive: impl FnMut(&'m M) -> Result<MessageKeys, KeyError>,
     ) -> Self {
         let mut planned = Planned {
@@ -68,25 +79,31 @@ impl<T, E> Planned<T, E> {
         };
         let mut first_of_key: HashMap<IdempotencyKey, usize> = HashMap::new();
         for (index, message) in messages.iter().enumerate() {
-            match derive(message) {
+            let derived = derive(message).and_then(|keys| match (event_time, keys.fact_time) {
+                (Some(field), None) => Err(KeyError::MissingValue { field }),
+                _ => Ok(keys),
+            });
+            match derived {
                 Err(error) => {
                     planned.outcomes[index] = Some(Err(Error::Key(error)));
                     planned.derived.push(None);
                     planned.previous.push(None);
                     planned.plans.push(Plan::Done);
                 }
-                // Batches of handlers with `event_time` are refused at compile time.
+                // A key is one fact's: its time is one of the key's fields, so a duplicate
+                // inside the batch has the first one's time.
                 Ok(MessageKeys {
                     key,
                     fingerprint,
                     previous,
-                    fact_time: _,
+                    fact_time,
                 }) => {
                     planned.previous.push(previous);
                     match first_of_key.get(&key) {
                         Some(&first) => {
-                            let same_payload = match (&planned.derived[first], fingerprint) {
-                                (Some((_, Some(theirs))), Some(ours)) => *theirs == ours,
+                            let theirs = planned.derived[first].and_then(|first| first.fingerprint);
+                            let same_payload = match (theirs, fingerprint) {
+                                (Some(theirs), Some(ours)) => theirs == ours,
                                 _ => true,
                             };
                             if same_payload {
@@ -101,7 +118,11 @@ impl<T, E> Planned<T, E> {
                             planned.plans.push(Plan::Claim);
                         }
                     }
-                    planned.derived.push(Some((key, fingerprint)));
+                    planned.derived.push(Some(Derived {
+                        key,
+                        fingerprint,
+                        fact_time,
+                    }));
                 }
             }
         }
@@ -123,7 +144,7 @@ impl<T, E> Planned<T, E> {
             if !matches!(self.plans[index], Plan::Claim) {
                 continue;
             }
-            let (key, _) = self.keyed(index);
+            let key = self.keyed(index).key;
             if let Some(turn) = idem.in_flight().try_take(scope, key.as_uuid()) {
                 to_claim.push(index);
                 turns.push(turn);
@@ -137,16 +158,20 @@ impl<T, E> Planned<T, E> {
 
     /// The keys of a message that has a key, as a delivery on its own claims them.
     pub(super) fn message_keys(&self, index: usize) -> MessageKeys {
-        let (key, fingerprint) = self.keyed(index);
+        let Derived {
+            key,
+            fingerprint,
+            fact_time,
+        } = self.keyed(index);
         MessageKeys {
             key,
             fingerprint,
             previous: self.previous[index],
-            fact_time: None,
+            fact_time,
         }
     }
 
-    /// The key and fingerprint of a message that has a key.
+    /// The key, fingerprint and fact's time of a message that has a key.
     pub(super) fn keyed(&self, index: usize) -> Derived {
         self.derived[index].expect("claimed messages have keys")
     }
@@ -162,7 +187,7 @@ impl<T, E> Planned<T, E> {
     pub(super) fn finish<C: ResultCodec<T>>(mut self, codec: &C) -> BatchOutcomes<T, E> {
         for index in 0..self.plans.len() {
             if let Plan::SameAs(first) = self.plans[index] {
-                let (key, _) = self.keyed(index);
+                let key = self.keyed(index).key;
                 self.outcomes[index] = Some(match &self.outcomes[first] {
                     Some(Ok(Outcome::Executed(value) | Outcome::Duplicate(Some(value)))) => {
                         replay(codec, key, value)

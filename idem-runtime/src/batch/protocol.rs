@@ -7,6 +7,7 @@ use std::future::Future;
 use super::BatchOutcomes;
 use super::pass::{Fallback, Pass, batch_pass, run_each, run_once, settle};
 use super::plan::{Planned, refuse_all};
+use super::timed::Window;
 use crate::Idem;
 use crate::handler::{BatchResult, HandlerSpec, NoResult, ResultCodec};
 use crate::key::KeyError;
@@ -47,7 +48,8 @@ where
     {
         return counted(spec, refuse_all(messages, error));
     }
-    let mut planned = Planned::new(messages, derive);
+    let mut planned = Planned::new(messages, layout.event_time, derive);
+    let window = layout.event_time.map(|_| Window::of(idem, spec));
     let (to_claim, turns) = planned.take_turns(idem, spec.scope);
     let keyed = |index: usize| planned.keyed(index);
     let (each, derived) = (&mut body, &keyed);
@@ -59,6 +61,7 @@ where
                 spec,
                 &to_claim,
                 &keyed,
+                window,
                 &codec,
                 move |tx, xid, owned| {
                     run_each(idem, spec, tx, xid, messages, owned, derived, codec, each)
@@ -117,7 +120,8 @@ where
     {
         return counted(spec, refuse_all(messages, error));
     }
-    let mut planned = Planned::new(messages, derive);
+    let mut planned = Planned::new(messages, layout.event_time, derive);
+    let window = layout.event_time.map(|_| Window::of(idem, spec));
     let (to_claim, turns) = planned.take_turns(idem, spec.scope);
     let keyed = |index: usize| planned.keyed(index);
     let mut body = |tx, slice| {
@@ -137,6 +141,7 @@ where
                 spec,
                 &to_claim,
                 &keyed,
+                window,
                 &NoResult,
                 move |tx, xid, owned| {
                     run_once(idem, spec.scope, tx, xid, messages, owned, keys_of, once)

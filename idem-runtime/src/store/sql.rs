@@ -45,11 +45,18 @@ pub(crate) enum Value<'a> {
     Byteas(&'a [Option<Vec<u8>>]),
     Jsons(&'a [serde_json::Value]),
     Time(DateTime<Utc>),
+    Times(&'a [DateTime<Utc>]),
 }
 
 impl From<DateTime<Utc>> for Value<'_> {
     fn from(value: DateTime<Utc>) -> Self {
         Value::Time(value)
+    }
+}
+
+impl<'a> From<&'a [DateTime<Utc>]> for Value<'a> {
+    fn from(value: &'a [DateTime<Utc>]) -> Self {
+        Value::Times(value)
     }
 }
 
@@ -273,6 +280,7 @@ fn bind(arguments: &mut PgArguments, value: Value<'_>) {
         Value::Byteas(bytes) => arguments.add(bytes),
         Value::Jsons(values) => arguments.add(values),
         Value::Time(time) => arguments.add(time),
+        Value::Times(times) => arguments.add(times),
     };
 }
 
@@ -344,15 +352,20 @@ fn literal(out: &mut String, value: Value<'_>) {
             text_literal(out, &value.to_string());
             out.push_str("::json");
         }),
-        // Digits, `-`, `:`, `T`, `.` and `Z` only.
-        Value::Time(time) => {
-            let _ = write!(
-                out,
-                "'{}'::timestamptz",
-                time.to_rfc3339_opts(SecondsFormat::Micros, true)
-            );
-        }
+        Value::Time(time) => time_literal(out, time),
+        Value::Times(times) => array(out, times, "timestamptz", |out, time| {
+            time_literal(out, *time);
+        }),
     }
+}
+
+/// Digits, `-`, `:`, `T`, `.` and `Z` only.
+fn time_literal(out: &mut String, time: DateTime<Utc>) {
+    let _ = write!(
+        out,
+        "'{}'::timestamptz",
+        time.to_rfc3339_opts(SecondsFormat::Micros, true)
+    );
 }
 
 fn text_literal(out: &mut String, text: &str) {
@@ -434,6 +447,10 @@ mod tests {
         assert_eq!(
             inline("$1", &[Value::from(time)]),
             "('2025-12-06T05:46:40.123456Z'::timestamptz)"
+        );
+        assert_eq!(
+            inline("$1", &[Value::from(&[time][..])]),
+            "(ARRAY['2025-12-06T05:46:40.123456Z'::timestamptz]::timestamptz[])"
         );
     }
 }
