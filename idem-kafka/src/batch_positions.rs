@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use idem_runtime::{Idem, IdempotencyKey};
+use idem_runtime::{HandlerKey, Idem, IdempotencyKey};
 use sqlx::PgConnection;
 
 use crate::position::Position;
@@ -23,8 +23,9 @@ use crate::stats::lock;
 /// would lose it after a crash.
 ///
 /// So the first body that runs in a transaction stores each partition's position *up to
-/// the first message of the batch that is not done* as that transaction sees the status
-/// table ([`Idem::done_keys`]): done are the messages whose key is `success` with their
+/// the first message of the batch that is not done* as that transaction sees the keys
+/// ([`Idem::done_keys`], or [`Idem::done_handler_keys`] for the keys of
+/// [`of_handler_keys`](Self::of_handler_keys)): done are the messages whose key is `success` with their
 /// own payload fingerprint, the ones this transaction claimed as well as duplicates of
 /// keys committed before. If the batch commits, every message below the stored position
 /// is done; if it rolls back, nothing was stored. Positions only move forward.
@@ -86,9 +87,8 @@ use crate::stats::lock;
 #[derive(Debug)]
 pub struct BatchPositions {
     idem: Idem,
-    scope: String,
     positions: Vec<Position>,
-    keys: Vec<Option<(IdempotencyKey, Option<[u8; 32]>)>>,
+    keys: Keys,
     stored: AtomicBool,
     /// Identifies what this batch's transactions note they stored.
     token: u64,
@@ -96,10 +96,61 @@ pub struct BatchPositions {
     behind: Mutex<Option<PositionBehind>>,
 }
 
+/// The keys of a batch's messages, in message order (`None`: the message has no key).
+#[derive(Debug)]
+enum Keys {
+    /// Keys and fingerprints of one scope, in the status table.
+    OfScope {
+        scope: String,
+        keys: Vec<Option<(IdempotencyKey, Option<[u8; 32]>)>>,
+    },
+    /// Keys as the handler derives them: each with its scope, and its fact's time where
+    /// the handler keeps its keys by it.
+    OfHandler(Vec<Option<HandlerKey>>),
+}
+
+impl Keys {
+    fn len(&self) -> usize {
+        match self {
+            Keys::OfScope { keys, .. } => keys.len(),
+            Keys::OfHandler(keys) => keys.len(),
+        }
+    }
+
+    /// Whether each message is done, in message order: `false` for one without a key.
+    async fn done(&self, idem: &Idem, conn: &mut PgConnection) -> Result<Vec<bool>, sqlx::Error> {
+        let (present, answers) = match self {
+            Keys::OfScope { scope, keys } => {
+                let derived: Vec<_> = keys.iter().flatten().copied().collect();
+                let answers = idem.done_keys(&mut *conn, scope, &derived).await?;
+                (
+                    keys.iter().map(Option::is_some).collect::<Vec<_>>(),
+                    answers,
+                )
+            }
+            Keys::OfHandler(keys) => {
+                let derived: Vec<HandlerKey> = keys.iter().flatten().copied().collect();
+                let answers = idem.done_handler_keys(&mut *conn, &derived).await?;
+                (
+                    keys.iter().map(Option::is_some).collect::<Vec<_>>(),
+                    answers,
+                )
+            }
+        };
+        let mut answers = answers.into_iter();
+        Ok(present
+            .into_iter()
+            .map(|present| present && answers.next().unwrap_or(false))
+            .collect())
+    }
+}
+
 impl BatchPositions {
     /// The positions of a batch handled by the handler of `scope`: each message's position
     /// after it, and its key and payload fingerprint as the handler derives them (`None`
-    /// when the key cannot be derived: the message is not done), in message order.
+    /// when the key cannot be derived: the message is not done), in message order. The
+    /// keys are looked up in the status table: for a handler that keeps its keys by the
+    /// fact's time (`event_time`), use [`of_handler_keys`](Self::of_handler_keys).
     ///
     /// # Panics
     ///
@@ -110,11 +161,43 @@ impl BatchPositions {
         positions: &[Position],
         keys: impl IntoIterator<Item = Option<(IdempotencyKey, Option<[u8; 32]>)>>,
     ) -> Self {
-        let keys: Vec<_> = keys.into_iter().collect();
+        let keys = Keys::OfScope {
+            scope: scope.into(),
+            keys: keys.into_iter().collect(),
+        };
+        Self::with_keys(idem, positions, keys)
+    }
+
+    /// The positions of a batch: each message's position after it, and its key as the
+    /// handler's generated `<handler>_key` function gives it (`None` when the key cannot
+    /// be derived: the message is not done), in message order. Each key is looked up
+    /// where its handler keeps it ([`Idem::done_handler_keys`]): in its scope, and in its
+    /// fact's time bucket for a handler with `event_time`.
+    ///
+    /// ```no_run
+    /// # use idem_kafka::{BatchPositions, Position};
+    /// # use idem_runtime::{HandlerKey, Idem, KeyError};
+    /// # fn f(idem: &Idem, positions: &[Position], key_of: impl Fn(usize) -> Result<HandlerKey, KeyError>) {
+    /// let keys = (0..positions.len()).map(|i| key_of(i).ok());
+    /// let positions = BatchPositions::of_handler_keys(idem, positions, keys);
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `positions` and `keys` differ in length.
+    pub fn of_handler_keys(
+        idem: &Idem,
+        positions: &[Position],
+        keys: impl IntoIterator<Item = Option<HandlerKey>>,
+    ) -> Self {
+        Self::with_keys(idem, positions, Keys::OfHandler(keys.into_iter().collect()))
+    }
+
+    fn with_keys(idem: &Idem, positions: &[Position], keys: Keys) -> Self {
         assert_eq!(positions.len(), keys.len(), "one key per position");
         BatchPositions {
             idem: idem.clone(),
-            scope: scope.into(),
             positions: positions.to_vec(),
             keys,
             stored: AtomicBool::new(false),
@@ -152,18 +235,11 @@ impl BatchPositions {
         let Some(first) = self.positions.first() else {
             return Ok(());
         };
-        let derived: Vec<(IdempotencyKey, Option<[u8; 32]>)> =
-            self.keys.iter().flatten().copied().collect();
-        let mut done = self
-            .idem
-            .done_keys(&mut *conn, &self.scope, &derived)
-            .await?
-            .into_iter();
+        let done = self.keys.done(&self.idem, &mut *conn).await?;
         // Per partition: the position after the last message, or the first message's own
         // offset that is not done.
         let mut reached: BTreeMap<(&str, i32), (i64, bool)> = BTreeMap::new();
-        for (position, key) in self.positions.iter().zip(&self.keys) {
-            let is_done = key.is_some() && done.next().unwrap_or(false);
+        for (position, is_done) in self.positions.iter().zip(done) {
             let entry = reached
                 .entry((position.topic.as_str(), position.partition))
                 .or_insert((position.next_offset - 1, false));
