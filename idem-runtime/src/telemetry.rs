@@ -15,6 +15,9 @@
 //! | `idem_retention_deleted_total` | counter | `scope` | `success` keys deleted by the retention cleanup ([`retention`](crate::retention)) |
 //! | `idem_time_buckets_created_total` | counter | | time buckets made ahead by the cleanup ([`time_buckets`](crate::time_buckets)) |
 //! | `idem_time_buckets_dropped_total` | counter | | expired time buckets dropped by the cleanup |
+//! | `idem_time_buckets` | gauge | `schema` | time buckets that exist, as the cleanup's last upkeep of them found them |
+//! | `idem_time_buckets_oldest_start_timestamp_seconds` | gauge | `schema` | the start of the oldest bucket (Unix time): the oldest fact whose key is kept; `time() -` it is the age of the oldest retained fact hour |
+//! | `idem_time_buckets_newest_end_timestamp_seconds` | gauge | `schema` | the end of the newest bucket (Unix time): how far ahead buckets are made; `-` `time()` it is how far ahead, negative when no bucket is made ahead (the upkeep stopped) |
 //!
 //! `mode` is `transaction`, `lease` or `batch` (a message handled by a batch, counted once
 //! per message). Each handling runs in a span `idem.handle` with the fields `idem.scope`,
@@ -145,6 +148,32 @@ pub(crate) fn attempt_charged(scope: &str) {
 pub(crate) fn buckets(made: u64, dropped: u64) {
     metrics::counter!("idem_time_buckets_created_total").increment(made);
     metrics::counter!("idem_time_buckets_dropped_total").increment(dropped);
+}
+
+/// The time buckets of `schema` as an upkeep left them: how many, the start of the oldest
+/// and the end of the newest (the gauges stay as they are while there is none).
+pub(crate) fn bucket_span(
+    schema: &str,
+    buckets: i64,
+    oldest: Option<chrono::DateTime<chrono::Utc>>,
+    newest_end: Option<chrono::DateTime<chrono::Utc>>,
+) {
+    let seconds = |at: chrono::DateTime<chrono::Utc>| at.timestamp_micros() as f64 / 1e6;
+    metrics::gauge!("idem_time_buckets", "schema" => schema.to_owned()).set(buckets as f64);
+    if let Some(oldest) = oldest {
+        metrics::gauge!(
+            "idem_time_buckets_oldest_start_timestamp_seconds",
+            "schema" => schema.to_owned()
+        )
+        .set(seconds(oldest));
+    }
+    if let Some(newest_end) = newest_end {
+        metrics::gauge!(
+            "idem_time_buckets_newest_end_timestamp_seconds",
+            "schema" => schema.to_owned()
+        )
+        .set(seconds(newest_end));
+    }
 }
 
 pub(crate) fn retention_deleted(scope: &str, deleted: u64) {

@@ -146,5 +146,12 @@ pub(crate) async fn upkeep(idem: &Idem, retention: &Retention) -> Result<Upkeep,
         }
     }
     crate::telemetry::buckets(made, dropped);
+    match statements.bucket_span(idem.pool()).await {
+        Ok((buckets, oldest, newest_end)) => {
+            let schema = idem.config().schema().as_str();
+            crate::telemetry::bucket_span(schema, buckets, oldest, newest_end);
+        }
+        Err(error) => tracing::warn!(%error, "idem retention: the time buckets could not be read"),
+    }
     Ok(Upkeep { made, dropped })
 }

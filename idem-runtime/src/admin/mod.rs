@@ -1,4 +1,5 @@
-//! Operating the status table: the reads and changes an operator makes, as functions.
+//! Operating the status table and the time-bucketed table of handlers with `event_time`:
+//! the reads and changes an operator makes, as functions.
 //!
 //! The `idem` command line (crate `idem-cli`) is a thin shell over this module; a
 //! service's own admin endpoints can call it the same way. Every function takes the
@@ -6,16 +7,25 @@
 //!
 //! - [`migration_status`] and [`ensure_migrated`]: whether the status table is there and
 //!   up to date;
-//! - [`show_key`], [`list_keys`]: rows of the status table, as [`KeyRow`];
+//! - [`show_key`], [`list_keys`]: rows of the status table and of the time buckets (a
+//!   key kept by its fact's time is found by scope and key, and shows its
+//!   [`fact_time`](KeyRow::fact_time)), as [`KeyRow`];
 //! - [`retry_keys`]: `failed` and `parked` keys get a fresh count of attempts, and the
 //!   next delivery runs the body again (as [`Idem::reset`](crate::Idem::reset));
 //! - [`release_keys`]: `failed` and `parked` keys are deleted: the next delivery is a first
 //!   delivery, whatever its payload (the recorded fingerprint goes with the row);
-//! - [`stats`]: counts per scope and status, the oldest lease in progress, the table's size;
+//! - [`stats`]: counts per scope and status, the oldest lease in progress, the table's
+//!   size, the time buckets;
+//! - [`time_buckets`]: the time buckets, how far back and ahead they reach, the horizon
+//!   before which facts are refused, each bucket's estimated rows (from the catalog);
+//! - [`purge_plan`]: what a retention cleanup would do now: the keys it would delete and
+//!   the time buckets it would make and drop;
 //! - [`scopes`] and [`release_scope`]: the scopes recorded, as [`ScopeInfo`] (owner, key
 //!   definition, a declared key change and its last use), and forgetting one;
 //! - [`KeyField`] and [`key_from_fields`]: a key from field values as a producer gives
 //!   them, derived as `#[idempotent]` derives it.
+//!
+//! Retrying and releasing keys work on both tables alike.
 //!
 //! Purging old `success` keys is [`Idem::purge_with`](crate::Idem::purge_with) (see [`retention`](crate::retention)).
 
@@ -23,6 +33,7 @@ use uuid::Uuid;
 
 use crate::key::KeyError;
 
+mod buckets;
 mod fields;
 mod keys;
 mod migrations;
@@ -30,6 +41,7 @@ mod scopes;
 mod stats;
 
 pub use crate::store::{KeyFilter, KeyRow};
+pub use buckets::{BucketRange, PurgePlan, TimeBucket, TimeBuckets, purge_plan, time_buckets};
 pub use fields::{FieldValue, KeyField, key_from_fields};
 pub use keys::{Change, Cursor, list_keys, release_keys, retry_keys, show_key};
 pub use migrations::{MigrationState, ensure_migrated, migration_status};

@@ -1,11 +1,13 @@
-//! An overview of the status table: counts per scope and status, the oldest lease, the
-//! table's size, the retention windows handlers declare.
+//! An overview of the status table and of the time-bucketed one: counts per scope and
+//! status, the oldest lease, the tables' sizes, the time buckets, the retention windows
+//! handlers declare.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::AdminError;
+use super::buckets::{TimeBuckets, time_buckets};
 use crate::Idem;
 
 /// How many keys a scope has in a status.
@@ -20,6 +22,13 @@ pub struct StatusCount {
     pub count: i64,
     /// The oldest last change among them.
     pub oldest: DateTime<Utc>,
+    /// The keys are kept by their fact's time, in the time buckets (their handler
+    /// declares `event_time`).
+    pub timed: bool,
+    /// Keys kept by their fact's time: the oldest fact among them.
+    pub oldest_fact: Option<DateTime<Utc>>,
+    /// Keys kept by their fact's time: the newest fact among them.
+    pub newest_fact: Option<DateTime<Utc>>,
 }
 
 /// The lease in progress that was taken longest ago.
@@ -48,24 +57,31 @@ pub struct ScopeWindow {
     pub retention_ms: i64,
 }
 
-/// An overview of the status table.
+/// An overview of the status table and of the time-bucketed table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Keys per scope and status, by scope then status.
+    /// Keys per scope and status, by scope then status, in both tables.
     pub counts: Vec<StatusCount>,
-    /// Every key.
+    /// Every key, in both tables.
     pub total: i64,
     /// The oldest lease in progress, if any.
     pub oldest_lease: Option<OldestLease>,
-    /// The table's size on disk with its indexes and TOAST, in bytes.
+    /// The status table's size on disk with its indexes and TOAST, in bytes.
     pub table_bytes: i64,
     /// The scopes whose handlers declare a retention window of their own.
     pub windows: Vec<ScopeWindow>,
+    /// Keys kept by their fact's time, in both tables' count above.
+    pub timed_total: i64,
+    /// The time buckets, how far back and ahead they reach, the horizon, and their
+    /// estimated rows and size (see [`time_buckets`]).
+    pub buckets: TimeBuckets,
 }
 
-/// Counts keys per scope and status (a full scan of the status table), finds the oldest
-/// lease in progress, the table's size and the retention windows handlers declare.
+/// Counts keys per scope and status (a full scan of the status table and of the time
+/// buckets), finds the oldest lease in progress, the status table's size, the time
+/// buckets (from their register and the catalog: [`time_buckets`]) and the retention
+/// windows handlers declare.
 pub async fn stats(idem: &Idem) -> Result<Stats, AdminError> {
     let statements = idem.statements();
     let counts = statements.status_counts(idem.pool()).await?;
@@ -88,20 +104,18 @@ pub async fn stats(idem: &Idem) -> Result<Stats, AdminError> {
             retention_ms,
         })
         .collect();
-    let counts: Vec<StatusCount> = counts
-        .into_iter()
-        .map(|(scope, status, count, oldest)| StatusCount {
-            scope,
-            status,
-            count,
-            oldest,
-        })
-        .collect();
+    let buckets = time_buckets(idem).await?;
     Ok(Stats {
         total: counts.iter().map(|count| count.count).sum(),
+        timed_total: counts
+            .iter()
+            .filter(|count| count.timed)
+            .map(|count| count.count)
+            .sum(),
         counts,
         oldest_lease,
         table_bytes,
         windows,
+        buckets,
     })
 }
