@@ -131,9 +131,9 @@ impl Args {
 
     /// The key field that `event_time` names, where the handler declares one; records an
     /// error for a list that is not one field of `key`, and for the arguments that do not
-    /// combine with it yet (lease mode, batches, `previous_key`). `batch_handler`: the
-    /// message parameter is a slice.
-    pub(crate) fn event_time(&mut self, mode: Mode, batch_handler: bool) -> Option<FieldPath> {
+    /// combine with it yet (lease mode, `previous_key`). Batches (`batch = true` and batch
+    /// handlers) claim each key in its fact's bucket.
+    pub(crate) fn event_time(&mut self, mode: Mode) -> Option<FieldPath> {
         let list = self.event_time.as_ref()?;
         let [path] = list.paths.as_slice() else {
             self.errors.push(syn::Error::new(
@@ -162,10 +162,6 @@ impl Args {
         let unsupported = if mode == Mode::Lease {
             Some(
                 "lease mode: a lease is committed on its own, and its keys are kept in the status table",
-            )
-        } else if batch_handler || self.batch.as_ref().is_some_and(|flag| flag.value) {
-            Some(
-                "batches (`batch = true` and batch handlers): a batch claims its keys with one statement on the status table",
             )
         } else if self.previous_key.is_some() {
             Some("`previous_key`: the keys of the previous definition are kept in the status table")

@@ -39,7 +39,7 @@ pub(crate) fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<s
     let key_fn_name = key_fn::name(&mut args, item, batch);
     let handler = validate(&mut args, item, mode)?;
     let batch_of = handler.batch_of;
-    let event_time = args.event_time(mode, batch_of.is_some());
+    let event_time = args.event_time(mode);
     if !args.errors.is_empty() {
         return Err(std::mem::take(&mut args.errors));
     }

@@ -40,6 +40,18 @@
 //! body's work for the whole batch is done again, message by message, so a body that
 //! fails often should not be run in large batches.
 //!
+//! **Keys kept by the fact's time** (`event_time`, see [`time_buckets`](crate::time_buckets)):
+//! the claim statement names each key's fact's time and inserts it in that fact's bucket
+//! of `idem_timed_keys`, so one batch may span several buckets. Only the facts inside
+//! their scope's window are inserted: a fact older than the window, or further ahead than
+//! the future bound, with no final row of its key (none, or a `failed` one) gets
+//! [`Error::OutsideWindow`] alone and never runs, while the rest of the batch goes on. A
+//! claim that finds a bucket missing rolls back, makes the batch's buckets (one
+//! statement, safe for concurrent creators and behind a transaction pooler) and claims
+//! again; the facts the database refuses then (older than the buckets that expired) are
+//! refused as outside their window. The takeover of `failed` keys, the results stored
+//! and the one-by-one pass name each key's time as well.
+//!
 //! The Redis cache of duplicates (feature `redis`) is not consulted by the batch
 //! statement, which decides all keys in one round trip anyway; the one-by-one pass after a
 //! rollback uses it as a handler of one message does.

@@ -15,6 +15,7 @@ mod migrate_from_eight_processes;
 mod operator;
 mod route;
 mod storm;
+mod time_bucket_batches;
 mod time_buckets;
 
 /// One test of each scenario per route.
@@ -51,6 +52,11 @@ macro_rules! through {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn keys_kept_by_the_facts_time_apply_each_fact_once_inside_the_window() {
                 crate::time_buckets::run(Route::$variant).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn batches_of_keys_kept_by_the_facts_time_apply_each_fact_once() {
+                crate::time_bucket_batches::run(Route::$variant).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -50,6 +50,20 @@ async fn pay_timed(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sql
     testing::insert_effect(tx, event).await
 }
 
+// The batch handler of keys kept by the fact's time: its claim makes the buckets of the
+// batch's facts through the same function.
+#[idempotent(
+    key = "order_id, occurred_at",
+    event_time = "occurred_at",
+    scope = "restricted_timed_batch"
+)]
+async fn record_timed(tx: &mut PgConnection, events: &[&OrderEvent]) -> Result<(), sqlx::Error> {
+    for event in events {
+        testing::insert_effect(tx, event).await?;
+    }
+    Ok(())
+}
+
 #[idempotent(
     key = "order_id",
     scope = "restricted_notify",
@@ -141,6 +155,28 @@ async fn every_path_runs_under_a_role_without_ddl(pool: PgPool) {
             .iter()
             .all(|outcome| outcome.as_ref().unwrap().is_executed())
     );
+
+    // A batch spanning two buckets, neither made yet.
+    let mut earlier = testing::paid("o-tb1", 1);
+    earlier.occurred_at -= chrono::TimeDelta::hours(2);
+    let timed_batch = [earlier, testing::paid("o-tb2", 2)];
+    let outcomes = record_timed(&idem, &timed_batch).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|outcome| outcome.as_ref().unwrap().is_executed()),
+        "{outcomes:?}"
+    );
+    let keys: Vec<_> = timed_batch
+        .iter()
+        .map(|event| record_timed_key(event).unwrap())
+        .collect();
+    let mut conn = consumer_pool.acquire().await.unwrap();
+    assert_eq!(
+        idem.done_handler_keys(&mut conn, &keys).await.unwrap(),
+        [true, true]
+    );
+    drop(conn);
 
     let timed = testing::paid("o-timed", 5);
     assert!(pay_timed(&idem, &timed).await.unwrap().is_executed());

@@ -7,18 +7,6 @@ struct OrderEvent {
     occurred_at: DateTime<Utc>,
 }
 
-#[idempotent(key = "order_id, occurred_at", event_time = "occurred_at", batch = true)]
-async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
-    let _ = (tx, &event.order_id, event.occurred_at);
-    Ok(())
-}
-
-#[idempotent(key = "order_id, occurred_at", event_time = "occurred_at")]
-async fn apply_all(tx: &mut PgConnection, events: &[&OrderEvent]) -> Result<(), sqlx::Error> {
-    let _ = (tx, events);
-    Ok(())
-}
-
 #[idempotent(key = "order_id, occurred_at", event_time = "occurred_at", mode = "lease")]
 async fn notify(event: &OrderEvent) -> Result<(), std::io::Error> {
     let _ = (&event.order_id, event.occurred_at);
