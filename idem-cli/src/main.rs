@@ -1,4 +1,5 @@
-//! `idem`: the operator's tool for the status table of idempotent handlers.
+//! `idem`: the operator's tool for the status table of idempotent handlers, and for the
+//! time buckets that keep the keys of handlers with `event_time`.
 //!
 //! ```text
 //! idem [-D URL] [--schema idem] [--pooler session|transaction] [--json] <command>
@@ -7,8 +8,9 @@
 //!   keys show --scope S (--key ID | --field F=V ...)
 //!   keys list [--scope S] [--status ST]... [--older-than AGE] [--limit N] [--after CURSOR]
 //!   keys retry|release [selection] [--dry-run]
-//!   purge [--older-than AGE] [--scope-window S=AGE]... [--dry-run]
-//!   stats
+//!   purge [--older-than AGE] [--scope-window S=AGE]... [--bucket-width W] [--future-bound B]
+//!         [--dry-run]                     delete expired keys, keep the time buckets / say what it would do
+//!   stats [--buckets]                     keys per scope and status, the time buckets
 //!   scopes [list] | scopes release SCOPE  the scopes recorded (owner, key definition) / forget one
 //!   outbox [status|parked|retry ID|retry --all] [--outbox-schema S]
 //!                                         idem-kafka's outbox: its lag, the relays, parked records
@@ -22,6 +24,12 @@
 //!
 //! `idem lag` asks the Kafka brokers of `--brokers`, else `KAFKA_BROKERS`, else
 //! `127.0.0.1:9092`.
+//!
+//! Keys kept by their fact's time (`event_time`) are in the time buckets of
+//! `idem_timed_keys`: `keys show`, `keys list`, `keys retry` and `keys release` find them
+//! by scope and key as they find the status table's (with their fact time), `stats`
+//! counts them and shows the buckets, and `purge --dry-run` lists the buckets the cleanup
+//! would make and drop.
 //!
 //! Exit codes: 0 done; 1 another error; 2 bad arguments; 3 a bad database URL; 4 the
 //! database cannot be reached, or (`idem lag`) the Kafka broker cannot be reached or
@@ -110,9 +118,16 @@ enum Command {
     },
     /// Delete `success` keys older than the retention window, in batches (one cleaner at a
     /// time). A duplicate arriving after its key was deleted runs its handler again.
+    ///
+    /// Also keeps the time buckets of handlers with `event_time`: makes those from now to
+    /// the future bound ahead, where missing, and drops the expired ones whole (each with
+    /// all its keys). With --dry-run, lists the buckets it would make and drop.
     Purge(PurgeArgs),
-    /// Keys per scope and status, the oldest lease in progress, the table's size.
-    Stats,
+    /// Keys per scope and status (in the status table and the time buckets), the oldest
+    /// lease in progress, the table's size, and the time buckets: how many, the oldest
+    /// and newest fact hour they hold, how far ahead they are made, the horizon before
+    /// which facts are refused.
+    Stats(StatsArgs),
     /// The scopes recorded, with their owners and key definitions, or release one.
     Scopes {
         #[command(subcommand)]
@@ -126,6 +141,15 @@ enum Command {
     /// PostgreSQL with when each last moved), a total, and the partitions that stalled
     /// (exit code 8).
     Lag(lag::LagArgs),
+}
+
+#[derive(Debug, Args)]
+struct StatsArgs {
+    /// Also list every time bucket with its estimated keys (the catalog's estimate, as
+    /// the last VACUUM or ANALYZE left it: nothing is counted) and size; with --json,
+    /// print the buckets alone.
+    #[arg(long)]
+    buckets: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -152,9 +176,11 @@ enum MigrateAction {
 
 #[derive(Debug, Subcommand)]
 enum KeysAction {
-    /// One key, by scope and key id, or by scope and key field values.
+    /// One key, by scope and key id, or by scope and key field values. A key kept by its
+    /// fact's time is found the same way, and shows its fact_time.
     Show(KeyArgs),
-    /// Keys by scope, status and age, a page at a time.
+    /// Keys by scope, status and age, a page at a time (a FACT TIME column when the page
+    /// holds keys kept by their fact's time).
     List(ListArgs),
     /// Give failed and parked keys a fresh count of attempts: the next delivery runs the
     /// handler again.
@@ -174,7 +200,8 @@ struct KeyArgs {
     key: Option<Uuid>,
     /// A key field value, in the order of the handler's `key = "..."`: `name=value`
     /// (a string) or `name:type=value` (type str, int, bool, uuid, date, time). Repeat for
-    /// each field.
+    /// each field. The `event_time` field is a `time`, to the nanosecond the producer
+    /// sent (`occurred_at:time=2026-12-07T03:20:00.123456Z`).
     #[arg(long = "field", value_name = "NAME[:TYPE]=VALUE")]
     field: Vec<String>,
 }
@@ -236,7 +263,14 @@ struct PurgeArgs {
     /// The statement timeout of each batch.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     statement_timeout: Duration,
-    /// Count what would be deleted, delete nothing.
+    /// The width of a time bucket made ahead (a minute to a day).
+    #[arg(long, value_name = "WIDTH", default_value = "1h", value_parser = parse_duration)]
+    bucket_width: Duration,
+    /// How far ahead of now time buckets are made (and facts are accepted).
+    #[arg(long, value_name = "BOUND", default_value = "1h", value_parser = parse_duration)]
+    future_bound: Duration,
+    /// Count what would be deleted and list the time buckets that would be made and
+    /// dropped; change nothing.
     #[arg(long)]
     dry_run: bool,
 }
@@ -302,9 +336,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             admin::ensure_migrated(&idem).await?;
             purge(&idem, &out, args).await
         }
-        Command::Stats => {
+        Command::Stats(args) => {
             admin::ensure_migrated(&idem).await?;
-            out.stats(&admin::stats(&idem).await?);
+            if args.buckets && cli.json {
+                out.buckets(&admin::time_buckets(&idem).await?);
+                return Ok(());
+            }
+            let stats = admin::stats(&idem).await?;
+            out.stats(&stats);
+            if args.buckets {
+                out.buckets(&stats.buckets);
+            }
             Ok(())
         }
         Command::Scopes { action } => {
@@ -452,11 +494,13 @@ async fn purge(idem: &Idem, out: &output::Output, args: PurgeArgs) -> Result<(),
         let age = parse_duration(age).map_err(Failure::usage)?;
         retention = retention.scope_window(scope, age);
     }
-    let report = if args.dry_run {
-        idem.purge_dry_run(&retention).await?
+    retention = retention
+        .bucket_width(args.bucket_width)
+        .future_bound(args.future_bound);
+    if args.dry_run {
+        out.purge_plan(&admin::purge_plan(idem, &retention).await?);
     } else {
-        idem.purge_with(&retention).await?
-    };
-    out.purge(&report);
+        out.purge(&idem.purge_with(&retention).await?);
+    }
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! What the commands print: aligned tables for people, one JSON document with `--json`.
 
-use idem_runtime::admin::{Change, Cursor, KeyRow, MigrationState, ScopeInfo, Stats};
+use idem_runtime::admin::{
+    Change, Cursor, KeyRow, MigrationState, PurgePlan, ScopeInfo, Stats, TimeBuckets,
+};
 use idem_runtime::retention::PurgeReport;
 use serde::Serialize;
 
@@ -53,6 +55,26 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
 
 fn time(at: &chrono::DateTime<chrono::Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%SZ").to_string()
+}
+
+/// A positive span to the minute: `2h05m`, `45m`, `0m`.
+fn rough(span: chrono::TimeDelta) -> String {
+    let minutes = span.num_minutes();
+    if minutes >= 60 {
+        format!("{}h{:02}m", minutes / 60, minutes % 60)
+    } else {
+        format!("{minutes}m")
+    }
+}
+
+/// An instant to the microsecond (a fact's time, as the time buckets keep it).
+fn precise_time(at: &chrono::DateTime<chrono::Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}
+
+/// The catalog's estimate of a bucket's rows: `?` before its first `VACUUM` or `ANALYZE`.
+fn estimated_rows(rows: Option<i64>) -> String {
+    rows.map_or_else(|| "?".to_owned(), |rows| format!("~{rows}"))
 }
 
 /// A size in bytes, in the largest unit that keeps it above 1.
@@ -191,33 +213,43 @@ impl Output {
         for (name, value) in fields {
             outln!("{name:<17}{value}");
         }
+        // A key kept by its fact's time, in the bucket of that time.
+        if let Some(fact_time) = &row.fact_time {
+            outln!("{:<17}{}", "fact_time", precise_time(fact_time));
+        }
     }
 
+    /// The keys' table; with a `FACT TIME` column before `LAST ERROR` when a key of
+    /// the page is kept by its fact's time.
     fn key_rows(rows: &[KeyRow]) -> String {
+        let timed = rows.iter().any(|row| row.fact_time.is_some());
         let rows: Vec<Vec<String>> = rows
             .iter()
             .map(|row| {
-                vec![
+                let mut cells = vec![
                     row.scope.clone(),
                     row.key.to_string(),
                     row.status.clone(),
                     row.attempts.to_string(),
                     time(&row.updated_at),
-                    short(row.last_error.as_deref().unwrap_or(""), 60),
-                ]
+                ];
+                if timed {
+                    cells.push(
+                        row.fact_time
+                            .as_ref()
+                            .map_or_else(|| "-".to_owned(), precise_time),
+                    );
+                }
+                cells.push(short(row.last_error.as_deref().unwrap_or(""), 60));
+                cells
             })
             .collect();
-        table(
-            &[
-                "SCOPE",
-                "KEY",
-                "STATUS",
-                "ATTEMPTS",
-                "UPDATED",
-                "LAST ERROR",
-            ],
-            &rows,
-        )
+        let mut header = vec!["SCOPE", "KEY", "STATUS", "ATTEMPTS", "UPDATED"];
+        if timed {
+            header.push("FACT TIME");
+        }
+        header.push("LAST ERROR");
+        table(&header, &rows)
     }
 
     pub fn list(&self, rows: &[KeyRow], next: Option<&Cursor>) {
@@ -259,6 +291,13 @@ impl Output {
             self.json(report);
             return;
         }
+        if report.buckets_made > 0 || report.buckets_dropped > 0 {
+            outln!(
+                "time buckets: {} made ahead, {} expired dropped with their keys",
+                report.buckets_made,
+                report.buckets_dropped
+            );
+        }
         if report.locked_out {
             outln!("another cleaner of this status table is running: nothing deleted");
             return;
@@ -289,25 +328,73 @@ impl Output {
         }
     }
 
+    /// What `purge --dry-run` found: the keys and the time buckets.
+    pub fn purge_plan(&self, plan: &PurgePlan) {
+        if self.json {
+            self.json(plan);
+            return;
+        }
+        self.purge(&plan.report);
+        for bucket in &plan.buckets_to_make {
+            outln!(
+                "dry run: time bucket {} to {} would be made",
+                time(&bucket.starts_at),
+                time(&bucket.ends_at)
+            );
+        }
+        for bucket in &plan.buckets_to_drop {
+            outln!(
+                "dry run: time bucket {} ({} to {}, {}) would be dropped with its keys",
+                bucket.name,
+                time(&bucket.starts_at),
+                time(&bucket.ends_at),
+                estimated_rows(bucket.estimated_rows)
+            );
+        }
+        outln!(
+            "dry run: {} time bucket(s) would be made, {} dropped",
+            plan.buckets_to_make.len(),
+            plan.buckets_to_drop.len()
+        );
+    }
+
     pub fn stats(&self, stats: &Stats) {
         if self.json {
             self.json(stats);
             return;
         }
+        // The fact times of the scopes kept by them, after the status table's columns.
+        let timed = stats.counts.iter().any(|count| count.timed);
         let rows: Vec<Vec<String>> = stats
             .counts
             .iter()
             .map(|count| {
-                vec![
+                let mut cells = vec![
                     count.scope.clone(),
                     count.status.clone(),
                     count.count.to_string(),
                     time(&count.oldest),
-                ]
+                ];
+                if timed {
+                    cells.push(match (&count.oldest_fact, &count.newest_fact) {
+                        (Some(oldest), Some(newest)) => {
+                            format!("{} to {}", time(oldest), time(newest))
+                        }
+                        _ => "-".to_owned(),
+                    });
+                }
+                cells
             })
             .collect();
-        out!("{}", table(&["SCOPE", "STATUS", "KEYS", "OLDEST"], &rows));
+        let mut header = vec!["SCOPE", "STATUS", "KEYS", "OLDEST"];
+        if timed {
+            header.push("FACTS");
+        }
+        out!("{}", table(&header, &rows));
         outln!("total keys: {}", stats.total);
+        if stats.timed_total > 0 {
+            outln!("keys kept by their fact's time: {}", stats.timed_total);
+        }
         match &stats.oldest_lease {
             Some(lease) => outln!(
                 "oldest lease in progress: {} {} since {}{}",
@@ -326,6 +413,70 @@ impl Output {
                 duration(window.retention_ms)
             );
         }
+        Self::bucket_summary(&stats.buckets);
+    }
+
+    /// The lines of `stats` on the time buckets.
+    fn bucket_summary(buckets: &TimeBuckets) {
+        match (&buckets.oldest, &buckets.newest_end) {
+            (Some(oldest), Some(newest_end)) => outln!(
+                "time buckets: {} for facts from {} to {}, about {} key(s) (estimated), {}",
+                buckets.count,
+                time(oldest),
+                time(newest_end),
+                buckets.estimated_rows,
+                size(buckets.bytes)
+            ),
+            _ => outln!("time buckets: none"),
+        }
+        if let Some(newest_end) = &buckets.newest_end {
+            let ahead = *newest_end - chrono::Utc::now();
+            if ahead > chrono::TimeDelta::zero() {
+                outln!(
+                    "time buckets made ahead: {} (until {})",
+                    rough(ahead),
+                    time(newest_end)
+                );
+            } else {
+                outln!(
+                    "time buckets made ahead: none (the newest ended {}): is the retention cleanup running?",
+                    time(newest_end)
+                );
+            }
+        }
+        match &buckets.horizon {
+            Some(horizon) => outln!(
+                "time bucket horizon: {}: facts before it are refused as outside the window",
+                time(horizon)
+            ),
+            None => outln!("time bucket horizon: none (no bucket has expired)"),
+        }
+    }
+
+    /// Every time bucket (`stats --buckets`): after the overview, or the buckets alone
+    /// as JSON.
+    pub fn buckets(&self, buckets: &TimeBuckets) {
+        if self.json {
+            self.json(buckets);
+            return;
+        }
+        let rows: Vec<Vec<String>> = buckets
+            .buckets
+            .iter()
+            .map(|bucket| {
+                vec![
+                    bucket.name.clone(),
+                    time(&bucket.starts_at),
+                    time(&bucket.ends_at),
+                    estimated_rows(bucket.estimated_rows),
+                    size(bucket.bytes),
+                ]
+            })
+            .collect();
+        out!(
+            "{}",
+            table(&["BUCKET", "FROM", "TO", "KEYS (ESTIMATED)", "SIZE"], &rows)
+        );
     }
 
     /// The scopes the status table records, with what their keys are made of.
