@@ -149,11 +149,15 @@ impl Sql {
                  LIMIT 1"
             ),
             // Which of a list of keys succeeded with the given fingerprint, in list order.
+            // One probe of the primary key per listed key: a join would let the planner
+            // hash the scope's whole key set (its generic plan knows neither the list's
+            // length nor the scope's size), reading every key of the scope per call.
             done: format!(
-                "SELECT coalesce(k.status = 'success' AND (k.fingerprint IS NULL OR l.fingerprint IS NULL \
-                                 OR k.fingerprint = l.fingerprint), false) AS done \
+                "SELECT coalesce(( \
+                    SELECT k.status = 'success' AND (k.fingerprint IS NULL OR l.fingerprint IS NULL \
+                           OR k.fingerprint = l.fingerprint) \
+                    FROM {table} AS k WHERE k.scope = $1 AND k.key = l.key), false) AS done \
                  FROM unnest($2::uuid[], $3::bytea[]) WITH ORDINALITY AS l(key, fingerprint, position) \
-                 LEFT JOIN {table} AS k ON k.scope = $1 AND k.key = l.key \
                  ORDER BY l.position"
             ),
             reset: format!(
