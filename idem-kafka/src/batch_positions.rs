@@ -1,10 +1,10 @@
 //! The positions of a batch, stored by the batch transaction itself.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use idem_runtime::{HandlerKey, Idem, IdempotencyKey};
+use idem_runtime::{CurrentDelivery, HandlerKey, Idem, IdempotencyKey};
 use sqlx::PgConnection;
 
 use crate::position::Position;
@@ -28,7 +28,10 @@ use crate::stats::lock;
 /// [`of_handler_keys`](Self::of_handler_keys)): done are the messages whose key is `success` with their
 /// own payload fingerprint, the ones this transaction claimed as well as duplicates of
 /// keys committed before. If the batch commits, every message below the stored position
-/// is done; if it rolls back, nothing was stored. Positions only move forward.
+/// is done; if it rolls back, nothing was stored. Positions only move forward. In a batch
+/// handler's body, the keys that its transaction claimed are known
+/// ([`CurrentDelivery::batch_keys`](idem_runtime::CurrentDelivery::batch_keys)): only the
+/// other messages are looked up, none when the transaction claimed every message's key.
 ///
 /// The later bodies of the same transaction do not store again. A body that fails calls
 /// [`forget`](Self::forget): the batch is rolled back and run again one message per
@@ -117,31 +120,113 @@ impl Keys {
         }
     }
 
+    /// Message `index`'s scope, key and payload fingerprint, if it has a key.
+    fn message(&self, index: usize) -> Option<(&str, IdempotencyKey, Option<[u8; 32]>)> {
+        match self {
+            Keys::OfScope { scope, keys } => keys[index]
+                .as_ref()
+                .map(|(key, fingerprint)| (scope.as_str(), *key, *fingerprint)),
+            Keys::OfHandler(keys) => keys[index]
+                .as_ref()
+                .map(|key| (key.scope(), key.key(), key.fingerprint())),
+        }
+    }
+
     /// Whether each message is done, in message order: `false` for one without a key.
-    async fn done(&self, idem: &Idem, conn: &mut PgConnection) -> Result<Vec<bool>, sqlx::Error> {
-        let (present, answers) = match self {
+    /// `claimed`: what the transaction claimed, done when it commits; the other messages'
+    /// keys are looked up.
+    async fn done(
+        &self,
+        idem: &Idem,
+        conn: &mut PgConnection,
+        claimed: Option<&Claimed>,
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        let mut done: Vec<Option<bool>> = (0..self.len())
+            .map(|index| match self.message(index) {
+                None => Some(false),
+                Some((scope, key, fingerprint)) => {
+                    claimed.and_then(|claimed| claimed.done(scope, key, fingerprint))
+                }
+            })
+            .collect();
+        let unknown = |done: &[Option<bool>]| -> Vec<usize> {
+            (0..done.len())
+                .filter(|&index| done[index].is_none())
+                .collect()
+        };
+        let asked = unknown(&done);
+        if asked.is_empty() {
+            return Ok(done.into_iter().map(|done| done == Some(true)).collect());
+        }
+        let answers = match self {
             Keys::OfScope { scope, keys } => {
-                let derived: Vec<_> = keys.iter().flatten().copied().collect();
-                let answers = idem.done_keys(&mut *conn, scope, &derived).await?;
-                (
-                    keys.iter().map(Option::is_some).collect::<Vec<_>>(),
-                    answers,
-                )
+                let derived: Vec<_> = asked.iter().filter_map(|&index| keys[index]).collect();
+                idem.done_keys(&mut *conn, scope, &derived).await?
             }
             Keys::OfHandler(keys) => {
-                let derived: Vec<HandlerKey> = keys.iter().flatten().copied().collect();
-                let answers = idem.done_handler_keys(&mut *conn, &derived).await?;
-                (
-                    keys.iter().map(Option::is_some).collect::<Vec<_>>(),
-                    answers,
-                )
+                let derived: Vec<HandlerKey> =
+                    asked.iter().filter_map(|&index| keys[index]).collect();
+                idem.done_handler_keys(&mut *conn, &derived).await?
             }
         };
         let mut answers = answers.into_iter();
-        Ok(present
-            .into_iter()
-            .map(|present| present && answers.next().unwrap_or(false))
-            .collect())
+        for index in asked {
+            done[index] = Some(answers.next().unwrap_or(false));
+        }
+        Ok(done.into_iter().map(|done| done == Some(true)).collect())
+    }
+
+    /// In a batch handler's body: each key that its transaction claimed (in the body's
+    /// scope), with the payload fingerprint of the batch's first message of that key, the
+    /// one it was claimed for. `None` elsewhere (the body of one message), or when the
+    /// body's keys are not all among this batch's.
+    fn claimed_here(&self) -> Option<Claimed> {
+        let current = CurrentDelivery::get()?;
+        let owned: HashSet<IdempotencyKey> = current.batch_keys()?.iter().copied().collect();
+        let mut first = HashMap::with_capacity(owned.len());
+        for index in 0..self.len() {
+            if let Some((scope, key, fingerprint)) = self.message(index)
+                && scope == current.scope()
+                && owned.contains(&key)
+            {
+                first.entry(key).or_insert(fingerprint);
+            }
+        }
+        (first.len() == owned.len()).then(|| Claimed {
+            scope: current.scope().to_owned(),
+            first,
+        })
+    }
+}
+
+/// The keys that a batch handler's transaction claimed, each with the payload fingerprint
+/// of the first message of the batch with that key.
+#[derive(Debug)]
+struct Claimed {
+    scope: String,
+    first: HashMap<IdempotencyKey, Option<[u8; 32]>>,
+}
+
+impl Claimed {
+    /// Whether a message of `key` in `scope` is done once the transaction commits: `None`
+    /// for a key it did not claim. A later message of a claimed key is done with the
+    /// payload it was claimed for, as the batch decides it: it is a payload mismatch where
+    /// both fingerprints are known and differ, and shares the first message's outcome
+    /// otherwise.
+    fn done(
+        &self,
+        scope: &str,
+        key: IdempotencyKey,
+        fingerprint: Option<[u8; 32]>,
+    ) -> Option<bool> {
+        if scope != self.scope {
+            return None;
+        }
+        let first = self.first.get(&key)?;
+        Some(match (first, fingerprint) {
+            (Some(first), Some(later)) => *first == later,
+            _ => true,
+        })
     }
 }
 
@@ -235,7 +320,11 @@ impl BatchPositions {
         let Some(first) = self.positions.first() else {
             return Ok(());
         };
-        let done = self.keys.done(&self.idem, &mut *conn).await?;
+        let claimed = self.keys.claimed_here();
+        let done = self
+            .keys
+            .done(&self.idem, &mut *conn, claimed.as_ref())
+            .await?;
         // Per partition: the position after the last message, or the first message's own
         // offset that is not done.
         let mut reached: BTreeMap<(&str, i32), (i64, bool)> = BTreeMap::new();

@@ -82,6 +82,17 @@ impl CurrentDelivery {
         }
     }
 
+    /// The keys that a batch handler's body holds, in the order of its slice: the keys its
+    /// transaction claimed (a body runs only for the messages whose keys its transaction
+    /// claimed). `None` for the body of one message (a handler of one message, and each
+    /// body of `batch = true`), whose transaction claimed that message's key alone.
+    pub fn batch_keys(&self) -> Option<&[IdempotencyKey]> {
+        match &self.keys {
+            Keys::One(_) => None,
+            Keys::Many(keys) => Some(keys),
+        }
+    }
+
     /// The key of something the body derives from its message number `message` (0 for a
     /// handler of one message) under `name`: the same for every run of the same fact in
     /// the same scope, and different for every other name, fact or scope. `None` when the

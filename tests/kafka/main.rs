@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+mod batch_handler_positions;
 mod batch_positions;
 mod batches;
 mod broker_restart;
