@@ -124,9 +124,9 @@ enum Command {
     /// all its keys). With --dry-run, lists the buckets it would make and drop.
     Purge(PurgeArgs),
     /// Keys per scope and status (in the status table and the time buckets), the oldest
-    /// lease in progress, the table's size, and the time buckets: how many, the oldest
-    /// and newest fact hour they hold, how far ahead they are made, the horizon before
-    /// which facts are refused.
+    /// lease in progress, the table's size, and, once keys are kept by their fact's time,
+    /// the time buckets: how many, the oldest and newest fact hour they hold, how far
+    /// ahead they are made, the horizon before which facts are refused.
     Stats(StatsArgs),
     /// The scopes recorded, with their owners and key definitions, or release one.
     Scopes {
@@ -145,9 +145,9 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct StatsArgs {
-    /// Also list every time bucket with its estimated keys (the catalog's estimate, as
-    /// the last VACUUM or ANALYZE left it: nothing is counted) and size; with --json,
-    /// print the buckets alone.
+    /// Also show the time buckets, and list each with its estimated keys (the catalog's
+    /// estimate, as the last VACUUM or ANALYZE left it: nothing is counted) and size;
+    /// with --json, print the buckets alone.
     #[arg(long)]
     buckets: bool,
 }
@@ -342,11 +342,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 out.buckets(&admin::time_buckets(&idem).await?);
                 return Ok(());
             }
-            let stats = admin::stats(&idem).await?;
-            out.stats(&stats);
-            if args.buckets {
-                out.buckets(&stats.buckets);
-            }
+            out.stats(&admin::stats(&idem).await?, args.buckets);
             Ok(())
         }
         Command::Scopes { action } => {

@@ -291,13 +291,6 @@ impl Output {
             self.json(report);
             return;
         }
-        if report.buckets_made > 0 || report.buckets_dropped > 0 {
-            outln!(
-                "time buckets: {} made ahead, {} expired dropped with their keys",
-                report.buckets_made,
-                report.buckets_dropped
-            );
-        }
         if report.locked_out {
             outln!("another cleaner of this status table is running: nothing deleted");
             return;
@@ -325,6 +318,13 @@ impl Output {
                     " (stopped early: run again)"
                 }
             );
+            if report.buckets_made > 0 || report.buckets_dropped > 0 {
+                outln!(
+                    "time buckets: {} made ahead, {} expired dropped with their keys",
+                    report.buckets_made,
+                    report.buckets_dropped
+                );
+            }
         }
     }
 
@@ -351,14 +351,17 @@ impl Output {
                 estimated_rows(bucket.estimated_rows)
             );
         }
-        outln!(
-            "dry run: {} time bucket(s) would be made, {} dropped",
-            plan.buckets_to_make.len(),
-            plan.buckets_to_drop.len()
-        );
+        if !plan.buckets_to_make.is_empty() || !plan.buckets_to_drop.is_empty() {
+            outln!(
+                "dry run: {} time bucket(s) would be made, {} dropped",
+                plan.buckets_to_make.len(),
+                plan.buckets_to_drop.len()
+            );
+        }
     }
 
-    pub fn stats(&self, stats: &Stats) {
+    /// The overview; with `every_bucket`, the time buckets' lines and every bucket after it.
+    pub fn stats(&self, stats: &Stats, every_bucket: bool) {
         if self.json {
             self.json(stats);
             return;
@@ -413,7 +416,13 @@ impl Output {
                 duration(window.retention_ms)
             );
         }
-        Self::bucket_summary(&stats.buckets);
+        // The time buckets, once keys are kept by their fact's time (or were: a horizon).
+        if every_bucket || stats.timed_total > 0 || stats.buckets.horizon.is_some() {
+            Self::bucket_summary(&stats.buckets);
+        }
+        if every_bucket {
+            Self::bucket_table(&stats.buckets);
+        }
     }
 
     /// The lines of `stats` on the time buckets.
@@ -453,13 +462,13 @@ impl Output {
         }
     }
 
-    /// Every time bucket (`stats --buckets`): after the overview, or the buckets alone
-    /// as JSON.
+    /// The time buckets alone, as JSON (`stats --buckets --json`).
     pub fn buckets(&self, buckets: &TimeBuckets) {
-        if self.json {
-            self.json(buckets);
-            return;
-        }
+        self.json(buckets);
+    }
+
+    /// Every time bucket, a line each.
+    fn bucket_table(buckets: &TimeBuckets) {
         let rows: Vec<Vec<String>> = buckets
             .buckets
             .iter()

@@ -392,7 +392,7 @@ async fn timed_keys_are_shown_listed_counted_changed_and_their_buckets_kept(pool
     assert!(
         again
             .stdout
-            .ends_with("dry run: 0 time bucket(s) would be made, 0 dropped\n"),
+            .ends_with("dry run: 0 key(s) would be deleted\n"),
         "{}",
         again.stdout
     );
