@@ -89,14 +89,28 @@
 //! status table for a cleaner, `EXECUTE` on `idem_timed_expire` lets a role expire buckets
 //! with a window of its choosing; grant it to the roles you trust with retention.
 //!
-//! # What this release does not do with it
+//! # Lease mode, key changes and batches
 //!
-//! `event_time` applies to transaction-mode handlers of one message, without
-//! `previous_key`: batches and lease mode keep their keys in the status table (the
-//! attribute refuses the combinations at compile time). Declaring or removing
-//! `event_time` on a scope that has keys is a change of its key definition, refused like
-//! any other ([`Error::KeyChanged`](crate::Error::KeyChanged)): give the handler a new
+//! A lease-mode handler keeps its keys by the fact's time as a transaction-mode one does:
+//! the lease's claim, extension, completion, failure and parking each name the fact's
+//! time, and a fact outside its window is refused ([`Error::OutsideWindow`](crate::Error))
+//! and never run, nor is a failed key or an expired lease whose fact left the window.
+//!
+//! Declaring `event_time` on a scope that has keys in the status table is a key change,
+//! declared with `previous_key` (the key's fields as they were): a delivery claims the
+//! status table's key first, then the key in the fact's bucket, in one transaction, so
+//! that the builds before and after the move deliver each fact once between them. A
+//! handler whose keys are kept by the fact's time changes its key with `previous_key`
+//! and `previous_event_time` (its previous keys are in the fact's bucket too). Without
+//! the declaration the change is refused ([`Error::KeyChanged`](crate::Error::KeyChanged)),
+//! and so is removing `event_time` from a scope that has keys: give the handler a new
 //! `scope`, and the old scope's keys expire with their window.
+//!
+//! Batches (`batch = true` and batch handlers) claim their keys with one statement as
+//! they do in the status table, each key in its fact's bucket: a batch may span several
+//! buckets, a claim that finds one missing makes the batch's buckets and claims again,
+//! and a fact outside its window is refused alone while the rest of the batch runs (see
+//! [`batch`](crate::batch)).
 
 use std::time::Duration;
 

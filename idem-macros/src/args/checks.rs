@@ -1,8 +1,9 @@
 //! The checks between arguments, each recording what is wrong in `Args::errors`: `lease`
 //! without the lease mode, `batch` in lease mode, `cache_ttl` with `cache = false`,
 //! `shared_scope` without `scope`, `previous_key` in lease mode or equal to `key`, an
-//! `event_time` that is not one key field (or that this release does not combine), and
-//! what a batch handler does not take.
+//! `event_time` that is not one key field, a
+//! `previous_event_time` that is not `event_time`'s field in `previous_key`, and what a
+//! batch handler does not take.
 
 use super::{Args, CacheArg, FieldList, FieldPath, Mode};
 
@@ -102,10 +103,14 @@ impl Args {
                 .map(|path| path.text.clone())
                 .collect::<Vec<_>>()
         };
-        if self
-            .key
-            .as_ref()
-            .is_some_and(|key| texts(key) == texts(previous))
+        // With `event_time` and no `previous_event_time`, the same fields are the move of
+        // the keys from the status table into the time buckets: the same keys, elsewhere.
+        let moved_into_buckets = self.event_time.is_some() && self.previous_event_time.is_none();
+        if !moved_into_buckets
+            && self
+                .key
+                .as_ref()
+                .is_some_and(|key| texts(key) == texts(previous))
         {
             self.errors.push(syn::Error::new(
                 previous.span,
@@ -130,10 +135,9 @@ impl Args {
     }
 
     /// The key field that `event_time` names, where the handler declares one; records an
-    /// error for a list that is not one field of `key`, and for the arguments that do not
-    /// combine with it yet (lease mode, `previous_key`). Batches (`batch = true` and batch
-    /// handlers) claim each key in its fact's bucket.
-    pub(crate) fn event_time(&mut self, mode: Mode) -> Option<FieldPath> {
+    /// error for a list that is not one field of `key`. Every mode and kind of handler
+    /// takes it (a batch claims each key in its fact's bucket).
+    pub(crate) fn event_time(&mut self) -> Option<FieldPath> {
         let list = self.event_time.as_ref()?;
         let [path] = list.paths.as_slice() else {
             self.errors.push(syn::Error::new(
@@ -159,26 +163,63 @@ impl Args {
             ));
             return None;
         }
-        let unsupported = if mode == Mode::Lease {
-            Some(
-                "lease mode: a lease is committed on its own, and its keys are kept in the status table",
-            )
-        } else if self.previous_key.is_some() {
-            Some("`previous_key`: the keys of the previous definition are kept in the status table")
-        } else {
-            None
+        // The same field as the key's, spanned on `event_time`'s own text: a type that
+        // is not a time is reported there.
+        Some(path.clone())
+    }
+
+    /// The field that held the fact's time under the previous key definition
+    /// (`previous_event_time`: its keys are in the time buckets too), where the handler
+    /// declares one; records an error unless it is one field of `previous_key` and the
+    /// field `event_time` names. `event_time`: what [`Args::event_time`] gave.
+    pub(crate) fn previous_event_time(
+        &mut self,
+        event_time: Option<&FieldPath>,
+    ) -> Option<FieldPath> {
+        let list = self.previous_event_time.as_ref()?;
+        let [path] = list.paths.as_slice() else {
+            self.errors.push(syn::Error::new(
+                list.span,
+                "`previous_event_time` names one field: the field that held the fact's time under the previous key definition, e.g. `previous_event_time = \"created_at\"`",
+            ));
+            return None;
         };
-        if let Some(what) = unsupported {
+        let Some(previous) = &self.previous_key else {
+            self.errors.push(syn::Error::new(
+                path.span,
+                "`previous_event_time` says that the keys of the previous definition are kept by the fact's time: it needs `previous_key`, the fields they were derived from",
+            ));
+            return None;
+        };
+        if self.event_time.is_none() {
+            self.errors.push(syn::Error::new(
+                path.span,
+                "`previous_event_time` needs `event_time`: keys are moved into the time buckets (`event_time` with `previous_key`), not out of them; to keep this handler's keys in the status table, give it a `scope` of its own",
+            ));
+            return None;
+        }
+        if !previous.paths.iter().any(|field| field.text == path.text) {
             self.errors.push(syn::Error::new(
                 path.span,
                 format!(
-                    "`event_time` does not combine with {what} in this release; remove `event_time` to keep this handler's keys in the status table"
+                    "`previous_event_time` must be one of the `previous_key` fields: under the previous definition, `event_time` was one of its key's fields; add `{}` to `previous_key`",
+                    path.text
                 ),
             ));
             return None;
         }
-        // The same field as the key's, spanned on `event_time`'s own text: a type that
-        // is not a time is reported there.
+        // An `event_time` refused already says what is wrong.
+        let current = event_time?;
+        if current.text != path.text {
+            self.errors.push(syn::Error::new(
+                path.span,
+                format!(
+                    "`previous_event_time` must name the field `event_time` names (`{}`): a fact keeps its time across the change, and both of its keys are in the bucket of that time",
+                    current.text
+                ),
+            ));
+            return None;
+        }
         Some(path.clone())
     }
 }

@@ -17,7 +17,7 @@ use syn::{Ident, LitBool, LitInt, LitStr, Path};
 pub(crate) use fields::{FieldList, FieldPath};
 
 /// Every argument the attribute accepts, for the "unknown argument" message.
-const VALID: &str = "`key`, `event_time`, `previous_key`, `scope`, `shared_scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `retention`, `key_fn`, `crate`";
+const VALID: &str = "`key`, `event_time`, `previous_key`, `previous_event_time`, `scope`, `shared_scope`, `fingerprint`, `max_attempts`, `store_result`, `mode`, `lease`, `batch`, `cache`, `cache_ttl`, `retention`, `key_fn`, `crate`";
 
 /// The longest scope, in bytes, and the character a scope cannot hold: the limits that
 /// the runtime checks at a handler's first run (`idem_runtime::scope`), here at compile
@@ -63,6 +63,9 @@ pub(crate) struct Args {
     /// `event_time = "..."`: the key field that holds the fact's time, which buckets the
     /// handler's keys.
     pub(crate) event_time: Option<FieldList>,
+    /// `previous_event_time = "..."`: the field that held the fact's time under the
+    /// previous key definition, whose keys are then in the time buckets too.
+    pub(crate) previous_event_time: Option<FieldList>,
     pub(crate) scope: Option<LitStr>,
     /// `shared_scope = true`: other handlers may use the same (explicit) scope.
     pub(crate) shared_scope: Option<LitBool>,
@@ -116,7 +119,7 @@ impl Args {
         };
         let span = meta.path.segments[0].ident.span();
         match name.as_str() {
-            "key" | "previous_key" | "fingerprint" | "event_time" => {
+            "key" | "previous_key" | "fingerprint" | "event_time" | "previous_event_time" => {
                 self.parse_fields(meta, &name, span)
             }
             "shared_scope" | "batch" | "store_result" | "cache" => {
@@ -140,8 +143,9 @@ impl Args {
         }
     }
 
-    /// `key`, `previous_key`, `fingerprint` or `event_time`: a list of the message's fields
-    /// (`event_time`: one of them, checked with the others in `checks`).
+    /// `key`, `previous_key`, `fingerprint`, `event_time` or `previous_event_time`: a list
+    /// of the message's fields (the times: one of them, checked with the others in
+    /// `checks`).
     fn parse_fields(
         &mut self,
         meta: &ParseNestedMeta<'_>,
@@ -153,6 +157,7 @@ impl Args {
             "key" => &mut self.key,
             "previous_key" => &mut self.previous_key,
             "event_time" => &mut self.event_time,
+            "previous_event_time" => &mut self.previous_event_time,
             _ => &mut self.fingerprint,
         };
         set(slot, list, span, name, &mut self.errors);

@@ -41,7 +41,7 @@ impl<'a> Expansion<'a> {
         handler: Handler<'a>,
         cache: Option<CacheArg>,
         shared_scope: bool,
-        event_time: Option<FieldPath>,
+        (event_time, previous_event_time): (Option<FieldPath>, Option<FieldPath>),
     ) -> Self {
         let key = args.key.as_ref().expect("validated: the key is given");
         let krate = args
@@ -69,6 +69,7 @@ impl<'a> Expansion<'a> {
                 args.fingerprint.as_ref(),
                 args.previous_key.as_ref(),
                 event_time.as_ref(),
+                previous_event_time.as_ref(),
             ),
             codec: respan(&codec, first),
             handler,

@@ -32,6 +32,8 @@ pub(super) struct KeyDerivation {
     pub(super) fact_time: TokenStream,
     /// `Option<&'static str>`: the field `event_time` names, for the layout.
     event_time_field: TokenStream,
+    /// `Option<&'static str>`: the field `previous_event_time` names, for the layout.
+    previous_event_time_field: TokenStream,
     /// Whether the handler declares a fingerprint and a previous key.
     has_fingerprint: bool,
     has_previous: bool,
@@ -45,6 +47,7 @@ impl KeyDerivation {
         fingerprint: Option<&FieldList>,
         previous_key: Option<&FieldList>,
         event_time: Option<&FieldPath>,
+        previous_event_time: Option<&FieldPath>,
     ) -> Self {
         let fingerprint_digest = match fingerprint {
             Some(list) => {
@@ -86,6 +89,15 @@ impl KeyDerivation {
                 quote!(::core::option::Option::None),
             ),
         };
+        // The previous key's time is the fact's (the same field): the layout says only
+        // that the previous keys are in the time buckets too.
+        let previous_event_time_field = match previous_event_time {
+            Some(path) => {
+                let text = &path.text;
+                quote!(::core::option::Option::Some(#text))
+            }
+            None => quote!(::core::option::Option::None),
+        };
         KeyDerivation {
             identifies: identifies_check(private, message, key),
             key: builder(private, message, key, Built::Key),
@@ -96,6 +108,7 @@ impl KeyDerivation {
             },
             fact_time,
             event_time_field,
+            previous_event_time_field,
             has_fingerprint: fingerprint.is_some(),
             has_previous: previous_key.is_some(),
         }
@@ -152,6 +165,7 @@ impl KeyDerivation {
         let fingerprint = some(self.has_fingerprint, syn::Index::from(1));
         let previous = some(self.has_previous, syn::Index::from(2));
         let event_time = &self.event_time_field;
+        let previous_event_time = &self.previous_event_time_field;
         quote! {
             #bind
             let #layout = #private::KeyLayout {
@@ -160,6 +174,7 @@ impl KeyDerivation {
                 previous_key: #previous,
                 message_type: #parts.3,
                 event_time: #event_time,
+                previous_event_time: #previous_event_time,
             };
         }
     }

@@ -39,11 +39,19 @@ pub(crate) fn expand(mut args: Args, item: &ItemFn) -> Result<TokenStream, Vec<s
     let key_fn_name = key_fn::name(&mut args, item, batch);
     let handler = validate(&mut args, item, mode)?;
     let batch_of = handler.batch_of;
-    let event_time = args.event_time(mode);
+    let event_time = args.event_time();
+    let previous_event_time = args.previous_event_time(event_time.as_ref());
     if !args.errors.is_empty() {
         return Err(std::mem::take(&mut args.errors));
     }
-    let expansion = Expansion::new(&args, item, handler, cache, shared_scope, event_time);
+    let expansion = Expansion::new(
+        &args,
+        item,
+        handler,
+        cache,
+        shared_scope,
+        (event_time, previous_event_time),
+    );
     let key_fn = key_fn_name.map(|name| key_fn::expand(&expansion, &name));
     if let Some(element) = batch_of {
         let handler = batch_handler::expand(&expansion, element);

@@ -41,25 +41,33 @@ pub struct KeyLayout<'a> {
     /// The key field that holds the fact's time (`event_time = "..."`), where the handler
     /// declares one: its keys are kept in time buckets.
     pub event_time: Option<&'static str>,
+    /// The field that held the fact's time under the previous key definition
+    /// (`previous_event_time = "..."`), where the handler declares one: the previous keys
+    /// are in the time buckets too, in the bucket of the same time. Without it, the
+    /// previous keys are in the status table (a handler that moved its keys into the
+    /// time buckets).
+    pub previous_event_time: Option<&'static str>,
 }
 
 impl KeyLayout<'_> {
     /// The handler's key definition.
     pub(crate) fn current(&self) -> KeyDefinition {
-        let mut definition = KeyDefinition::new(self.key, self.fingerprint);
-        if let Some(field) = self.event_time {
-            definition.0.push_str(" time(");
-            definition.0.push_str(field);
-            definition.0.push(')');
-        }
-        definition
+        KeyDefinition::new(self.key, self.fingerprint).timed(self.event_time)
     }
 
     /// The definition its keys were derived with before (`previous_key`), with the same
-    /// fingerprint.
+    /// fingerprint, and the time part where those keys are in the time buckets too
+    /// (`previous_event_time`).
     pub(crate) fn previous(&self) -> Option<KeyDefinition> {
-        self.previous_key
-            .map(|previous| KeyDefinition::new(previous, self.fingerprint))
+        self.previous_key.map(|previous| {
+            KeyDefinition::new(previous, self.fingerprint).timed(self.previous_event_time)
+        })
+    }
+
+    /// Whether the previous definition's keys are in the time buckets
+    /// (`previous_event_time`); without it, in the status table.
+    pub(crate) fn previous_timed(&self) -> bool {
+        self.previous_event_time.is_some()
     }
 }
 
@@ -70,6 +78,7 @@ impl fmt::Debug for KeyLayout<'_> {
             .field("previous", &self.previous())
             .field("message_type", &(self.message_type)())
             .field("event_time", &self.event_time)
+            .field("previous_event_time", &self.previous_event_time)
             .finish()
     }
 }
@@ -89,6 +98,16 @@ impl KeyDefinition {
             parts(&mut text, fingerprint);
         }
         KeyDefinition(text)
+    }
+
+    /// The definition with the time part ` time(field)` where `event_time` names one.
+    fn timed(mut self, event_time: Option<&str>) -> Self {
+        if let Some(field) = event_time {
+            self.0.push_str(" time(");
+            self.0.push_str(field);
+            self.0.push(')');
+        }
+        self
     }
 
     /// The text, as the status table records it.
@@ -134,6 +153,7 @@ mod tests {
             previous_key: Some(&previous),
             message_type: std::any::type_name::<u8>,
             event_time: None,
+            previous_event_time: None,
         };
         assert_eq!(
             layout.current().as_str(),

@@ -26,10 +26,16 @@
 //! claim of the key, until the key is reset).
 //!
 //! Expiries are computed and compared on the database's clock only: every lease statement
-//! uses PostgreSQL's `now()` and none binds a timestamp, so the workers' clocks may drift.
+//! uses PostgreSQL's `now()` and none binds an expiry, so the workers' clocks may drift.
 //! Choose a lease longer than the body usually takes (`#[idempotent(mode = "lease", lease =
 //! "2m")]`; without `lease`, [`DEFAULT_LEASE`], 30 s), and [`extend`](Lease::extend) it
 //! from long bodies: once a lease runs out, another worker may run the effect as well.
+//!
+//! A handler that keeps its keys by the fact's time (`event_time = "..."`, see
+//! [`time_buckets`](crate::time_buckets)) holds its lease in the fact's bucket: each
+//! statement names the fact's time, and a fact outside its window is refused with
+//! [`Error::OutsideWindow`](crate::Error::OutsideWindow) and never run (nor is a `failed`
+//! key or an expired lease whose fact has left the window).
 //!
 //! # Choosing a mode
 //!
@@ -50,6 +56,7 @@ use uuid::Uuid;
 
 use crate::Idem;
 use crate::key::IdempotencyKey;
+use crate::store::{FactWindow, LeaseKey};
 
 pub(crate) mod protocol;
 
@@ -66,6 +73,8 @@ struct LeaseInner {
     idem: Idem,
     scope: &'static str,
     key: IdempotencyKey,
+    /// The fact's time and its window, where the handler keeps its keys by it.
+    time: Option<FactWindow>,
     token: Uuid,
     attempt: u32,
 }
@@ -91,6 +100,7 @@ impl Lease {
         idem: Idem,
         scope: &'static str,
         key: IdempotencyKey,
+        time: Option<FactWindow>,
         token: Uuid,
         attempt: u32,
     ) -> Self {
@@ -99,6 +109,7 @@ impl Lease {
                 idem,
                 scope,
                 key,
+                time,
                 token,
                 attempt,
             }),
@@ -134,8 +145,11 @@ impl Lease {
             .statements()
             .extend_lease(
                 &mut tx,
-                inner.scope,
-                inner.key.as_uuid(),
+                LeaseKey {
+                    scope: inner.scope,
+                    key: inner.key.as_uuid(),
+                    time: inner.time,
+                },
                 inner.token,
                 duration,
             )

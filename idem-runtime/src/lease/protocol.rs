@@ -12,12 +12,12 @@ use crate::Idem;
 use crate::error_text::failure_text;
 use crate::faults;
 use crate::handler::{HandlerSpec, ResultCodec};
-use crate::key::IdempotencyKey;
 use crate::key::definition::KeyLayout;
 use crate::key::handler_key::MessageKeys;
+use crate::key::{IdempotencyKey, KeyError};
 use crate::outcome::{Error, HandlerError, Outcome};
 use crate::scope;
-use crate::store::LeaseClaim;
+use crate::store::{Bucket, FactWindow, LeaseClaim, LeaseKey, Statements};
 use crate::telemetry::{self, Mode, Timer};
 use crate::transactional;
 
@@ -25,7 +25,9 @@ use crate::transactional;
 /// most once to success. This is what `#[idempotent(mode = "lease")]` generates a call of.
 /// `layout` describes the handler's key for the scope's check; a lease-mode handler
 /// declares no previous key (`previous_key` is refused at compile time), so only
-/// `keys.key` and `keys.fingerprint` are claimed.
+/// `keys.key` and `keys.fingerprint` are claimed, in the status table or, with
+/// `keys.fact_time` (`event_time`), in the fact's bucket of the time buckets, where a
+/// fact outside its window is refused ([`Error::OutsideWindow`]) and never run.
 pub async fn run_lease<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
@@ -40,9 +42,8 @@ where
     F: FnOnce(Lease) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let (key, fingerprint) = (keys.key, keys.fingerprint);
-    let span = telemetry::span(spec.scope, key, Mode::Lease);
-    let result = run_inner(idem, spec, layout, key, fingerprint, codec, body)
+    let span = telemetry::span(spec.scope, keys.key, Mode::Lease);
+    let result = run_inner(idem, spec, layout, keys, codec, body)
         .instrument(span.clone())
         .await;
     telemetry::finish(&span, spec.scope, Mode::Lease, &result);
@@ -55,8 +56,7 @@ async fn run_inner<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     layout: &KeyLayout<'_>,
-    key: IdempotencyKey,
-    fingerprint: Option<[u8; 32]>,
+    keys: MessageKeys,
     codec: C,
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
@@ -66,13 +66,26 @@ where
     F: FnOnce(Lease) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
+    let key = keys.key;
+    // A handler with `event_time` whose message has no time for it: its key is not in
+    // the status table either.
+    if let (Some(field), None) = (layout.event_time, keys.fact_time) {
+        return Err(Error::Key(KeyError::MissingValue { field }));
+    }
     let identity = scope::handler_identity::<F>();
     idem.check_scope(spec, identity, layout).await?;
+    let time = keys
+        .fact_time
+        .map(|at| transactional::fact_window(idem, spec, at));
+    if let Some(time) = time.filter(|time| !transactional::representable(time.at)) {
+        return Err(transactional::outside_window(key, time.at));
+    }
     let delivery = LeaseDelivery {
         idem,
         spec,
         key,
-        fingerprint: fingerprint.as_ref().map(<[u8; 32]>::as_slice),
+        fingerprint: keys.fingerprint(),
+        time,
         token: Uuid::new_v4(),
         max_attempts: spec.max_attempts.unwrap_or(idem.config().max_attempts()),
     };
@@ -83,7 +96,7 @@ where
         ControlFlow::Continue(attempt) => attempt,
         ControlFlow::Break(outcome) => return Ok(outcome),
     };
-    let guard = Lease::new(idem.clone(), spec.scope, key, delivery.token, attempt);
+    let guard = Lease::new(idem.clone(), spec.scope, key, time, delivery.token, attempt);
     let running = Timer::start();
     let result = body(guard).await;
     running.handler(spec.scope, Mode::Lease);
@@ -106,12 +119,23 @@ struct LeaseDelivery<'a> {
     spec: &'a HandlerSpec,
     key: IdempotencyKey,
     fingerprint: Option<&'a [u8]>,
+    /// The fact's time and its window, where the handler keeps its keys by it.
+    time: Option<FactWindow>,
     /// This claim's owner token.
     token: Uuid,
     max_attempts: u32,
 }
 
 impl LeaseDelivery<'_> {
+    /// The key's row: in the status table, or in its fact's bucket.
+    fn lease_key(&self) -> LeaseKey<'_> {
+        LeaseKey {
+            scope: self.spec.scope,
+            key: self.key.as_uuid(),
+            time: self.time,
+        }
+    }
+
     /// A duplicate, a parked key or a live lease, answered from the Redis cache or by a
     /// plain read of the key's row (no lock); `Continue`: the claim decides.
     async fn decide_without_claim<T, E, C: ResultCodec<T>>(
@@ -129,7 +153,7 @@ impl LeaseDelivery<'_> {
         let mut conn = idem.pool().acquire().await?;
         let existing = idem
             .statements()
-            .settled_lease(&mut conn, spec.scope, key.as_uuid())
+            .settled_lease(&mut conn, self.lease_key())
             .await?;
         drop(conn);
         match existing {
@@ -141,8 +165,49 @@ impl LeaseDelivery<'_> {
     }
 
     /// Claims the key under a lease, in a short transaction whose lock waits are
-    /// bounded: the attempt this claim counts, or the answer of the row in the way.
+    /// bounded: the attempt this claim counts, or the answer of the row in the way. A
+    /// fact whose bucket does not exist yet has it made, and is claimed again.
     async fn claim<T, E, C: ResultCodec<T>>(
+        &self,
+        codec: &C,
+    ) -> Result<ControlFlow<Outcome<T>, u32>, Error<E>> {
+        // The bucket made, the claim finds it; an operator detaching it by hand meanwhile
+        // ends in the claim's error after a few turns.
+        let mut turns = 0;
+        loop {
+            match self.claim_once(codec).await {
+                Err(Error::Database(error))
+                    if Statements::is_missing_bucket(&error) && turns < 3 =>
+                {
+                    turns += 1;
+                    self.make_bucket(error).await?;
+                }
+                claimed => return claimed,
+            }
+        }
+    }
+
+    /// Makes the bucket of the fact, which the claim did not find (`error`).
+    async fn make_bucket<E>(&self, error: sqlx::Error) -> Result<(), Error<E>> {
+        let Some(time) = self.time else {
+            return Err(Error::Database(error));
+        };
+        let idem = self.idem;
+        let width = idem.config().retention().bucket_width_duration();
+        match idem
+            .statements()
+            .make_bucket(idem.pool(), time, width)
+            .await?
+        {
+            Bucket::Ready => Ok(()),
+            Bucket::TooOld | Bucket::TooNew => {
+                Err(transactional::outside_window(self.key, time.at))
+            }
+        }
+    }
+
+    /// One claim: see [`claim`](Self::claim).
+    async fn claim_once<T, E, C: ResultCodec<T>>(
         &self,
         codec: &C,
     ) -> Result<ControlFlow<Outcome<T>, u32>, Error<E>> {
@@ -153,8 +218,7 @@ impl LeaseDelivery<'_> {
             .statements()
             .claim_lease(
                 &mut tx,
-                spec.scope,
-                key.as_uuid(),
+                self.lease_key(),
                 self.fingerprint,
                 self.token,
                 spec.lease_or_default(),
@@ -177,6 +241,13 @@ impl LeaseDelivery<'_> {
                 settled(idem, spec, key, self.fingerprint, existing, codec)
                     .await
                     .map(ControlFlow::Break)
+            }
+            Ok(LeaseClaim::Outside) => {
+                tx.commit().await?;
+                Err(transactional::outside_window(
+                    key,
+                    self.time.map(|time| time.at).unwrap_or_default(),
+                ))
             }
             Err(error) if transactional::is_lock_timeout(&error) => Err(Error::InProgress { key }),
             Err(error) => Err(Error::Database(error)),
@@ -239,7 +310,7 @@ impl LeaseDelivery<'_> {
                 let mut tx = idem.bounded_transaction().await?;
                 let completed = idem
                     .statements()
-                    .complete_lease(&mut tx, scope, key.as_uuid(), self.token, stored)
+                    .complete_lease(&mut tx, self.lease_key(), self.token, stored)
                     .await?;
                 tx.commit().await?;
                 Ok::<_, sqlx::Error>(completed)
@@ -271,15 +342,14 @@ impl LeaseDelivery<'_> {
         let mut tx = idem.bounded_transaction().await?;
         let recorded = if infrastructure {
             statements
-                .release_lease(&mut tx, scope, key.as_uuid(), self.token, &text)
+                .release_lease(&mut tx, self.lease_key(), self.token, &text)
                 .await?
                 .map(|(attempts, _)| (attempts, false))
         } else {
             statements
                 .fail_lease(
                     &mut tx,
-                    scope,
-                    key.as_uuid(),
+                    self.lease_key(),
                     self.token,
                     &text,
                     self.max_attempts,

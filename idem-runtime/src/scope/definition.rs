@@ -99,8 +99,25 @@ pub(super) async fn check(
     // scope released (`release_scope`) is recorded again with this handler's definition,
     // and a handler that keeps its keys by the fact's time would not find those of the
     // status table (or the other way round). Once per scope and process.
+    //
+    // Except for a declared move into the time buckets (`event_time` with a
+    // `previous_key` whose keys are in the status table): its new build claims the keys
+    // of both tables, its old build those of the status table while the move lasts, and
+    // once it is over, the status table keeps the keys written since the scope was
+    // recorded until they expire. Keys written before it was recorded are refused still.
     let timed = time_of(ours).is_some();
-    if statements.has_keys_in(pool, scope, !timed).await? {
+    let moving = moving_into_buckets(
+        ours,
+        our_previous,
+        row.key_definition.as_deref(),
+        row.previous_key_definition.as_deref(),
+    );
+    let elsewhere_keys = match (moving, timed) {
+        (true, _) => false,
+        (false, true) => statements.has_plain_keys_before_scope(pool, scope).await?,
+        (false, false) => statements.has_keys_in(pool, scope, true).await?,
+    };
+    if elsewhere_keys {
         return Err(elsewhere(checked, row.key_definition.as_deref(), timed));
     }
     // A change that another process recorded meanwhile is decided on again.
@@ -160,8 +177,17 @@ fn changed(checked: &Checked<'_>, recorded: &str) -> Error {
     let ours = checked.definition.as_str();
     let (recorded_key, our_key) = (key_of(recorded), key_of(ours));
     if time_of(recorded) != time_of(ours) && without_time(recorded) == without_time(ours) {
+        // Into the time buckets, the move can be declared; out of them, it cannot.
+        let remedy = if time_of(ours).is_some() {
+            format!(
+                "Declare the move with `previous_key = \"{}\"` next to `event_time`: a fact that succeeded under the status table's key is then a duplicate, and the builds of both definitions can run side by side during the deploy (remove it once no fact of the old keys can be delivered again). Or give this handler a `scope` of its own, or revert the change",
+                fields_of(recorded_key)
+            )
+        } else {
+            "Give this handler a `scope` of its own (the old scope's keys expire with its retention window), or revert the change".to_owned()
+        };
         let message = format!(
-            "scope `{scope}` has keys derived as `{recorded}`, and this handler derives them as `{ours}`: one of them keeps its keys by the fact's time (`event_time`, in the time buckets) and the other in the status table, so a fact delivered again would not find its key and would run again. Give this handler a `scope` of its own (the old scope's keys expire with its retention window), or revert the change"
+            "scope `{scope}` has keys derived as `{recorded}`, and this handler derives them as `{ours}`: one of them keeps its keys by the fact's time (`event_time`, in the time buckets) and the other in the status table, so a fact delivered again would not find its key and would run again. {remedy}"
         );
         return Error::Refused(Refusal::KeyChanged(KeyChanged::new(
             scope, recorded, ours, message,
@@ -209,6 +235,24 @@ fn elsewhere(checked: &Checked<'_>, recorded: Option<&str>, timed: bool) -> Erro
         ours,
         message,
     )))
+}
+
+/// Whether a handler of definition `ours` (previous `our_previous`) is a side of a
+/// declared move of the scope's keys from the status table into the time buckets: the
+/// new side declares a previous definition without a time part; the old side is the
+/// previous definition recorded with a current one that has a time part.
+fn moving_into_buckets(
+    ours: &str,
+    our_previous: Option<&str>,
+    recorded: Option<&str>,
+    recorded_previous: Option<&str>,
+) -> bool {
+    let new_side =
+        time_of(ours).is_some() && our_previous.is_some_and(|previous| time_of(previous).is_none());
+    let old_side = time_of(ours).is_none()
+        && recorded.is_some_and(|recorded| time_of(recorded).is_some())
+        && recorded_previous.is_some_and(|previous| alike(previous, ours));
+    new_side || old_side
 }
 
 /// The time part of a definition, ` time(occurred_at)`, where its keys are kept by it.

@@ -294,42 +294,57 @@ impl Statements {
     ///
     /// The result's values are inlined hex-encoded, so that no value can be read as SQL.
     /// The result is stored with `previous` too, the key under the previous definition
-    /// that the transaction claimed. `at_commit` are the statements that the body left
-    /// for its commit ([`CurrentDelivery::at_commit`](crate::CurrentDelivery::at_commit)),
-    /// sent after the check and before `COMMIT`, under idem's lock timeout.
+    /// that the transaction claimed, with its fact's time where it is kept by it (in the
+    /// status table otherwise, as when a handler moved its keys into the time buckets).
+    /// `at_commit` are the statements that the body left for its commit
+    /// ([`CurrentDelivery::at_commit`](crate::CurrentDelivery::at_commit)), sent after the
+    /// check and before `COMMIT`, under idem's lock timeout.
     pub(crate) fn commit(
         &self,
         scope: &str,
         key: Uuid,
-        previous: Option<Uuid>,
+        previous: Option<(Uuid, Option<DateTime<Utc>>)>,
         fact_time: Option<DateTime<Utc>>,
         result: Option<&serde_json::Value>,
         at_commit: &[String],
     ) -> std::borrow::Cow<'_, str> {
-        let previous = previous.map_or(String::new(), |previous| format!(", '{previous}'"));
-        // A timed key's row is in its fact's bucket: digits and `-:T.Z` only.
-        let (table, in_bucket) = match fact_time {
-            Some(at) => (
-                self.timed_table(),
-                format!(
-                    " AND fact_time = '{}'::timestamptz",
-                    at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-                ),
-            ),
-            None => (self.table.as_str(), String::new()),
+        let Some(result) = result else {
+            return self.commit_only(at_commit);
         };
-        match result {
-            Some(result) => std::borrow::Cow::Owned(format!(
-                "{check}; UPDATE {table} SET result = convert_from(decode('{result}', 'hex'), 'UTF8')::json \
-                 WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key IN ('{key}'{previous}){in_bucket}; \
-                 {at_commit}COMMIT",
-                check = self.delivery.check,
-                result = hex::encode(result.to_string()),
-                scope = hex::encode(scope),
-                at_commit = joined(&self.claim_lock_timeout, at_commit),
-            )),
-            None => self.commit_only(at_commit),
-        }
+        let result = hex::encode(result.to_string());
+        let scope = hex::encode(scope);
+        // One `UPDATE` per table the keys are in: one where both are in the same.
+        let update = |keys: String, fact_time: Option<DateTime<Utc>>| {
+            // A timed key's row is in its fact's bucket: digits and `-:T.Z` only.
+            let (table, in_bucket) = match fact_time {
+                Some(at) => (
+                    self.timed_table(),
+                    format!(
+                        " AND fact_time = '{}'::timestamptz",
+                        at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                    ),
+                ),
+                None => (self.table.as_str(), String::new()),
+            };
+            format!(
+                "UPDATE {table} SET result = convert_from(decode('{result}', 'hex'), 'UTF8')::json \
+                 WHERE scope = convert_from(decode('{scope}', 'hex'), 'UTF8') AND key IN ({keys}){in_bucket}; "
+            )
+        };
+        let updates = match previous {
+            Some((previous, at)) if at == fact_time => {
+                update(format!("'{key}', '{previous}'"), fact_time)
+            }
+            Some((previous, at)) => {
+                update(format!("'{key}'"), fact_time) + &update(format!("'{previous}'"), at)
+            }
+            None => update(format!("'{key}'"), fact_time),
+        };
+        std::borrow::Cow::Owned(format!(
+            "{check}; {updates}{at_commit}COMMIT",
+            check = self.delivery.check,
+            at_commit = joined(&self.claim_lock_timeout, at_commit),
+        ))
     }
 
     /// [`commit`](Self::commit) without a result to store.

@@ -32,7 +32,7 @@ pub(crate) use admin::KeyChange;
 pub use admin::{KeyFilter, KeyRow};
 pub(crate) use delivery::{Claim, ClaimedKey, KeyAt};
 pub(crate) use grants::consumer_grants;
-pub(crate) use lease::LeaseClaim;
+pub(crate) use lease::{LeaseClaim, LeaseKey};
 pub use migrate::{MIGRATOR, migrate_schema};
 pub(crate) use retention::Windows;
 pub use scopes::ScopeInfo;
@@ -226,7 +226,7 @@ impl Statements {
             claim_lock_timeout: format!("{lock_timeout_ms}ms"),
             delivery: delivery::Sql::new(&table, &format!("{schema}.idem_timed_keys")),
             timed: timed::Sql::new(schema.as_str()),
-            lease: lease::Sql::new(&table),
+            lease: lease::Sql::new(&table, &format!("{schema}.idem_timed_keys")),
             batch: batch::Sql::new(&table),
             scopes: scopes::Sql::new(schema),
             retention: retention::Sql::new(&table, &scopes_table, schema.as_str()),

@@ -1,11 +1,11 @@
 //! The claim of a delivery's key, and the decision that a row in the way makes.
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use super::{Delivery, Retries, Step, failure::is_lock_timeout};
 use crate::Idem;
-use crate::handler::ResultCodec;
+use crate::handler::{HandlerSpec, ResultCodec};
 use crate::key::IdempotencyKey;
 use crate::key_transaction::KeyTransaction;
 use crate::outcome::{Error, Outcome, WindowEdge};
@@ -54,6 +54,11 @@ impl Delivery<'_> {
                 }
                 Err(error) if is_lock_timeout(&error) => {
                     return Step::Done(Err(Error::InProgress { key }));
+                }
+                Err(error) if Statements::is_missing_bucket(&error) => {
+                    // A previous key kept by the fact's time, in a bucket not made yet.
+                    drop(tx);
+                    return self.make_bucket(error, retries).await;
                 }
                 Err(error) if retries.take(&error).await => return Step::Again,
                 Err(error) => return Step::Done(Err(Error::Database(error))),
@@ -105,36 +110,13 @@ impl Delivery<'_> {
     /// window a cleaner of this handle's settings gives the scope (its own, then the one
     /// the handler declares, then the default).
     fn fact_window(&self) -> Option<FactWindow> {
-        let at = self.fact_time?;
-        let retention = self.idem.config().retention();
-        let window = retention
-            .scope_windows()
-            .find(|(scope, _)| *scope == self.spec.scope)
-            .map(|(_, window)| window)
-            .or(self.spec.retention)
-            .unwrap_or(retention.window());
-        let ms =
-            |duration: std::time::Duration| i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
-        Some(FactWindow {
-            at,
-            window_ms: ms(window),
-            ahead_ms: ms(retention.future_bound_duration()),
-        })
+        self.fact_time
+            .map(|at| fact_window(self.idem, self.spec, at))
     }
 
     /// A fact outside its window: which side, by this process's clock.
     fn outside_window<E>(&self) -> Error<E> {
-        let fact_time = self.fact_time.unwrap_or_default();
-        let edge = if fact_time > Utc::now() {
-            WindowEdge::Future
-        } else {
-            WindowEdge::Past
-        };
-        Error::OutsideWindow {
-            key: self.key,
-            fact_time,
-            edge,
-        }
+        outside_window(self.key, self.fact_time.unwrap_or_default())
     }
 
     /// The claim met no bucket for its fact: makes it (or learns that the fact is outside
@@ -190,29 +172,32 @@ impl Delivery<'_> {
         let scope = spec.scope;
         // The lock timeout stays the claim's for the second claim.
         let claim_lock_timeout = idem.statements().claim_lock_timeout();
-        // Handlers with `event_time` declare no previous key (a compile error).
+        // In the status table, or in the fact's bucket where the previous definition kept
+        // its keys by the fact's time too (`previous_event_time`).
+        let time = self.previous_time.map(|at| fact_window(idem, spec, at));
         let existing = match claim(
             idem,
             tx,
             scope,
             previous,
             fingerprint,
-            None,
+            time,
             claim_lock_timeout,
         )
         .await?
         {
             Claimed::Owned { .. } => return Ok(None),
             Claimed::Mismatch => return Ok(Some(PreviousFound::Mismatch)),
-            Claimed::Contended | Claimed::Outside => return Ok(Some(PreviousFound::Contended)),
+            Claimed::Contended => return Ok(Some(PreviousFound::Contended)),
+            Claimed::Outside => return Ok(Some(PreviousFound::Outside)),
             Claimed::Found(existing) => existing,
         };
         // Whether the fact succeeded under the previous definition alone (no row of its
-        // own key), on the same connection.
+        // own key, in its own table), on the same connection.
         let alone = existing.status == Status::Success
             && idem
                 .statements()
-                .read(tx, scope, key.as_uuid(), None)
+                .read(tx, scope, key.as_uuid(), self.fact_time)
                 .await?
                 .is_none();
         Ok(Some(PreviousFound::Row { existing, alone }))
@@ -234,6 +219,7 @@ impl Delivery<'_> {
         let (existing, alone) = match found {
             PreviousFound::Mismatch => return Err(Error::PayloadMismatch { key }),
             PreviousFound::Contended => return Err(Error::InProgress { key }),
+            PreviousFound::Outside => return Err(self.outside_window()),
             PreviousFound::Row { existing, alone } => (existing, alone),
         };
         if alone
@@ -249,9 +235,44 @@ impl Delivery<'_> {
     }
 }
 
+/// The fact's time `at` with the window of the handler `spec`: the window a cleaner of
+/// `idem`'s settings gives the scope (its own, then the one the handler declares, then
+/// the default), and the bound ahead.
+pub(crate) fn fact_window(idem: &Idem, spec: &HandlerSpec, at: DateTime<Utc>) -> FactWindow {
+    let retention = idem.config().retention();
+    let window = retention
+        .scope_windows()
+        .find(|(scope, _)| *scope == spec.scope)
+        .map(|(_, window)| window)
+        .or(spec.retention)
+        .unwrap_or(retention.window());
+    let ms =
+        |duration: std::time::Duration| i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+    FactWindow {
+        at,
+        window_ms: ms(window),
+        ahead_ms: ms(retention.future_bound_duration()),
+    }
+}
+
+/// The refusal of the fact of `key` at `fact_time`, outside its window: which side, by
+/// this process's clock.
+pub(crate) fn outside_window<E>(key: IdempotencyKey, fact_time: DateTime<Utc>) -> Error<E> {
+    let edge = if fact_time > Utc::now() {
+        WindowEdge::Future
+    } else {
+        WindowEdge::Past
+    };
+    Error::OutsideWindow {
+        key,
+        fact_time,
+        edge,
+    }
+}
+
 /// Whether PostgreSQL's `timestamptz` holds `at` (4713 BC to 294276 AD): a time beyond is
 /// outside every window.
-fn representable(at: chrono::DateTime<Utc>) -> bool {
+pub(crate) fn representable(at: chrono::DateTime<Utc>) -> bool {
     use chrono::Datelike;
     (-4712..=294_275).contains(&at.year())
 }
@@ -264,6 +285,8 @@ enum PreviousFound {
     Mismatch,
     /// The row kept changing under the claim.
     Contended,
+    /// The previous key is kept by the fact's time, and the fact is outside its window.
+    Outside,
 }
 
 /// What the claim found.

@@ -46,7 +46,7 @@ impl Delivery<'_> {
         let commit = idem.statements().commit(
             spec.scope,
             key.as_uuid(),
-            previous.map(|previous| previous.as_uuid()),
+            previous.map(|previous| (previous.as_uuid(), self.previous_time)),
             self.fact_time,
             stored.as_ref(),
             at_commit,
@@ -67,12 +67,7 @@ impl Delivery<'_> {
             Err(error) if ended_by_body(&error) => {
                 // The previous definition's key, committed with the body's own COMMIT,
                 // is parked too: a build of that definition must not take it as done.
-                let keys = [
-                    Some((key, fingerprint)),
-                    previous.map(|previous| (previous, fingerprint)),
-                ];
-                let keys: Vec<_> = keys.into_iter().flatten().collect();
-                park_ended(idem, spec, &keys, self.fact_time, xid).await;
+                self.park_ended(xid).await;
                 Step::Done(Err(Error::TransactionEnded { key }))
             }
             Err(error) if counts_as_attempt(&error) => {
@@ -113,12 +108,7 @@ impl Delivery<'_> {
         retries: &mut Retries,
     ) -> Step<Infallible, T, E> {
         let Delivery {
-            idem,
-            spec,
-            key,
-            fingerprint,
-            previous,
-            ..
+            idem, spec, key, ..
         } = *self;
         let scope = spec.scope;
         // The business effects and the claim go; the failure is recorded below. A
@@ -129,12 +119,7 @@ impl Delivery<'_> {
             // What the body ran after ending the transaction was committed on its own:
             // running it again would apply it twice.
             tracing::warn!(%key, scope, error = %failure_text(&error, idem.config().error_texts()), "the handler's body ended its transaction, then failed; its key is parked");
-            let keys = [
-                Some((key, fingerprint)),
-                previous.map(|previous| (previous, fingerprint)),
-            ];
-            let keys: Vec<_> = keys.into_iter().flatten().collect();
-            park_ended(idem, spec, &keys, self.fact_time, xid).await;
+            self.park_ended(xid).await;
             return Step::Done(Err(Error::TransactionEnded { key }));
         }
         let connection_lost = matches!(rolled_back, Err(ref lost) if !counts_as_attempt(lost));
@@ -173,5 +158,30 @@ impl Delivery<'_> {
             self.max_attempts(),
         )
         .await
+    }
+
+    /// Parks the keys that the transaction `xid` claimed, after its body ended it: the
+    /// key, and the previous definition's key, each in its own table, so that a build of
+    /// either definition takes neither as done.
+    async fn park_ended(&self, xid: i64) {
+        let Delivery {
+            idem,
+            spec,
+            key,
+            fingerprint,
+            previous,
+            ..
+        } = *self;
+        park_ended(idem, spec, &[(key, fingerprint)], self.fact_time, xid).await;
+        if let Some(previous) = previous {
+            park_ended(
+                idem,
+                spec,
+                &[(previous, fingerprint)],
+                self.previous_time,
+                xid,
+            )
+            .await;
+        }
     }
 }

@@ -61,7 +61,7 @@ mod failure;
 mod finish;
 mod retries;
 
-pub(crate) use claim::{decide, mismatched};
+pub(crate) use claim::{decide, fact_window, mismatched, outside_window, representable};
 pub(crate) use failure::{
     counts_as_attempt, counts_as_attempt_of, ended_by_body, is_lock_timeout, park_ended,
 };
@@ -103,7 +103,17 @@ where
             return Err(Error::Key(KeyError::MissingValue { field }));
         }
         idem.check_scope(spec, identity, layout).await?;
-        run_checked(idem, spec, Mode::Transaction, keys, codec, body).await
+        let previous_timed = layout.previous_timed();
+        run_delivery(
+            idem,
+            spec,
+            Mode::Transaction,
+            keys,
+            previous_timed,
+            codec,
+            body,
+        )
+        .await
     }
     .instrument(span.clone())
     .await;
@@ -111,16 +121,38 @@ where
     result
 }
 
-/// [`run_transactional`] for a handler whose scope is checked already (the batch path's one-by-one pass).
-///
-/// One step per stage of the module docs: a duplicate answered without the claim, the
-/// key's turn in the process, then, in a loop that a transient failure starts again, the
-/// claim, the body, and the commit or the failure.
+/// [`run_transactional`] for a handler whose scope is checked already (the batch path's
+/// one-by-one pass), whose previous keys, where it declares some, are in the status table.
 pub(crate) async fn run_checked<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     mode: Mode,
     keys: MessageKeys,
+    codec: C,
+    body: F,
+) -> Result<Outcome<T>, Error<E>>
+where
+    C: ResultCodec<T>,
+    E: HandlerError,
+    F: FnMut(KeyTransaction) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
+{
+    run_delivery(idem, spec, mode, keys, false, codec, body).await
+}
+
+/// [`run_transactional`] once the scope is checked. `previous_timed`: the key under the
+/// previous definition is in the time buckets, in the bucket of the fact's time
+/// (`previous_event_time`); otherwise in the status table.
+///
+/// One step per stage of the module docs: a duplicate answered without the claim, the
+/// key's turn in the process, then, in a loop that a transient failure starts again, the
+/// claim, the body, and the commit or the failure.
+pub(crate) async fn run_delivery<T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    mode: Mode,
+    keys: MessageKeys,
+    previous_timed: bool,
     codec: C,
     mut body: F,
 ) -> Result<Outcome<T>, Error<E>>
@@ -139,6 +171,7 @@ where
         fingerprint: keys.fingerprint(),
         previous: keys.previous,
         fact_time: keys.fact_time,
+        previous_time: keys.fact_time.filter(|_| previous_timed),
     };
     if let Some(answer) = delivery.answer_without_claim(&codec).await {
         return answer;
@@ -197,6 +230,9 @@ struct Delivery<'a> {
     previous: Option<IdempotencyKey>,
     /// The fact's time, where the handler keeps its keys by it (`event_time`).
     fact_time: Option<DateTime<Utc>>,
+    /// The fact's time where the previous definition's key is kept by it too
+    /// (`previous_event_time`); `None`: the previous key is in the status table.
+    previous_time: Option<DateTime<Utc>>,
 }
 
 /// What a step of a delivery leaves to do.

@@ -11,6 +11,7 @@ mod batches;
 mod child;
 mod infrastructure_errors;
 mod lease;
+mod lease_time_buckets;
 mod migrate_from_eight_processes;
 mod operator;
 mod route;
@@ -42,6 +43,11 @@ macro_rules! through {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn concurrent_lease_deliveries_run_each_body_once() {
                 crate::lease::run(Route::$variant).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn lease_deliveries_of_keys_kept_by_time_run_each_body_once() {
+                crate::lease_time_buckets::run(Route::$variant).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -209,6 +209,7 @@ async fn run_as(
         previous_key: None,
         message_type: std::any::type_name::<OrderEvent>,
         event_time: None,
+        previous_event_time: None,
     };
     let keys = MessageKeys {
         key: key_of(order_id),
