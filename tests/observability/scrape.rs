@@ -1,7 +1,9 @@
 //! A consumer and an outbox relay run against the broker and PostgreSQL, with the
 //! Prometheus exporter the examples use; the traffic produces every outcome the dashboard
 //! and the alerts show (executed, duplicates, a retried failure, a parked key, dead
-//! letters, outbox records published and parked, a position rewind, retention runs). A
+//! letters, outbox records published and parked, a position rewind, retention runs, a
+//! scope whose keys are kept by the fact's time: a fact applied, one refused outside its
+//! window, the time buckets kept by the retention run). A
 //! private Prometheus scrapes the exporter every second, with the alerting rules loaded;
 //! then every query of the dashboard, every template variable and the underlying query of
 //! every rule returns data. A query that returns nothing fails the test by its text.
@@ -94,6 +96,23 @@ async fn apply(tx: &mut PgConnection, fact: &Fact) -> Result<(), FactError> {
         )
         .await?;
     }
+    Ok(())
+}
+
+/// A reading whose key is kept by its time (`event_time`), in the time buckets.
+#[derive(Debug, Clone)]
+struct Reading {
+    meter: String,
+    taken_at: chrono::DateTime<chrono::Utc>,
+}
+
+#[idempotent(
+    key = "meter, taken_at",
+    event_time = "taken_at",
+    scope = "observability.readings"
+)]
+async fn record_reading(tx: &mut PgConnection, reading: &Reading) -> Result<(), sqlx::Error> {
+    let _ = (tx, reading);
     Ok(())
 }
 
@@ -262,13 +281,38 @@ async fn every_dashboard_query_and_alert_query_returns_data_from_a_running_consu
         started.elapsed()
     );
 
-    // Retention runs: the status table's `success` keys and the relay's sent records.
+    // A scope whose keys are kept by the fact's time: a fact applied (its bucket made by
+    // the claim), and one older than the window (a week), refused and never run.
+    let now = chrono::Utc::now();
+    let fresh = Reading {
+        meter: "m-1".to_owned(),
+        taken_at: now,
+    };
+    assert!(
+        record_reading(&harness.idem, &fresh)
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    let stale = Reading {
+        meter: "m-1".to_owned(),
+        taken_at: now - chrono::TimeDelta::days(8),
+    };
+    let refused = record_reading(&harness.idem, &stale).await;
+    assert!(
+        matches!(refused, Err(idem_runtime::Error::OutsideWindow { .. })),
+        "{refused:?}"
+    );
+
+    // Retention runs: the status table's `success` keys, the time buckets (made ahead,
+    // the expired ones dropped: the gauges of the buckets), and the relay's sent records.
     let purged = harness
         .idem
         .purge_with(&Retention::new(Duration::ZERO))
         .await
         .unwrap();
     assert!(purged.deleted >= 6, "the retention run deleted: {purged:?}");
+    assert!(purged.buckets_made >= 1, "buckets made ahead: {purged:?}");
     let sent_purged = relay.purge().await.unwrap();
     assert!(
         sent_purged >= 5,
