@@ -43,6 +43,42 @@
 //! the next consumer's handler recognises: key it on the header with [`Keyed`](crate::Keyed)
 //! and `#[idempotent(key = "idem_key")]`.
 //!
+//! # From a handler whose keys are kept by the fact's time
+//!
+//! The key of a fact handled with `event_time` is derived from its time among its other
+//! fields, so a record's derived key names the fact and its time too: every run of the
+//! fact derives it again, and the records of two facts that differ only by their time
+//! get keys of their own. For the next hop to keep its keys by the same time, put the
+//! fact's time in the record's payload and name it with `event_time` there, next to the
+//! header's key:
+//!
+//! ```no_run
+//! use chrono::{DateTime, Utc};
+//! use idem_kafka::Keyed;
+//! use idem_kafka::outbox::{self, Record};
+//! use idem_runtime::idempotent;
+//! use sqlx::PgConnection;
+//!
+//! #[derive(serde::Deserialize, serde::Serialize)]
+//! struct Payment { order_id: String, amount_cents: i64, occurred_at: DateTime<Utc> }
+//!
+//! // The first hop: its keys in the bucket of the payment's time.
+//! #[idempotent(key = "order_id, occurred_at", event_time = "occurred_at")]
+//! async fn apply_payment(tx: &mut PgConnection, payment: &Payment) -> Result<(), sqlx::Error> {
+//!     // The payload carries the fact's time, the same on every run of the fact.
+//!     outbox::send(tx, Record::to("receipts").name("receipt").key(&payment.order_id).json(payment)?)
+//!         .await?;
+//!     Ok(())
+//! }
+//!
+//! // The next hop: keyed on the record's own key, kept by the same time.
+//! #[idempotent(key = "idem_key, message.occurred_at", event_time = "message.occurred_at")]
+//! async fn file_receipt(tx: &mut PgConnection, receipt: &Keyed<Payment>) -> Result<(), sqlx::Error> {
+//!     # let _ = (tx, &receipt.message.order_id, receipt.message.amount_cents);
+//!     Ok(())
+//! }
+//! ```
+//!
 //! # Order
 //!
 //! Records of one topic and Kafka key are published in the order their transactions

@@ -18,5 +18,6 @@ mod redis_lease_mode_uses_cache;
 mod redis_outage_falls_back_to_postgres;
 mod redis_postgres_duplicate_warms_cache;
 mod redis_stalled_server_does_not_block;
+mod redis_time_bucketed_scope_is_answered_from_cache;
 mod redis_ttl_expiry_leaves_correctness_to_postgres;
 mod redis_unreachable_at_start_is_harmless;
