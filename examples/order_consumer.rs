@@ -6,6 +6,12 @@
 //! are waited out; Ctrl-C or SIGTERM finishes the current message and leaves the group.
 //! Start it several times (here or on other machines) to scale out.
 //!
+//! The keys are kept by the fact's own time (`event_time`): each event carries the time
+//! its producer stamped once for the fact (and sends again unchanged with every re-send),
+//! and its key lives in that time's bucket, which expires whole once the retention window
+//! has passed. A fact older than the window is dead-lettered (its error says it is outside
+//! its window) instead of running again.
+//!
 //! ```text
 //! cargo run --example order_consumer -- --topic orders --group order-appliers
 //! cargo run --example order_consumer -- --topic orders --group order-appliers --offsets postgres
@@ -16,6 +22,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use clap::Parser;
 use idem_kafka::{BatchPositions, Consumer, Fate, Handler, OffsetStore, Position};
 use idem_runtime::{Idem, idempotent};
@@ -32,13 +39,17 @@ struct OrderEvent {
     amount_cents: i64,
     /// The producer's idempotency key: the same for every send of the same fact.
     event_key: Option<Uuid>,
+    /// When the fact happened: stamped once by the producer (to the microsecond, which
+    /// JSON and PostgreSQL both keep) and sent unchanged with every re-send.
+    occurred_at: DateTime<Utc>,
 }
 
 /// The business write, once per `event_key` however often the event arrives. The row and
 /// the key's `success` (and, with `--offsets postgres`, the partition's position) commit in
-/// one transaction.
+/// one transaction. The key is kept in the bucket of the fact's time (`event_time`).
 #[idempotent(
-    key = "event_key",
+    key = "event_key, occurred_at",
+    event_time = "occurred_at",
     fingerprint = "order_id, event_type, amount_cents",
     scope = "order_consumer::apply_order_event",
     shared_scope = true,
@@ -67,9 +78,11 @@ async fn apply_order_event(
 /// statement for the business rows of a whole batch. `events` are the messages whose keys
 /// this transaction claimed (duplicates and parked keys are decided before the body runs).
 /// With `--offsets postgres`, `positions` stores each partition's position in the same
-/// transaction, first, up to the first message that is not done.
+/// transaction, first, up to the first message that is not done. Each key is claimed in
+/// its fact's bucket, and a batch may span several.
 #[idempotent(
-    key = "event_key",
+    key = "event_key, occurred_at",
+    event_time = "occurred_at",
     fingerprint = "order_id, event_type, amount_cents",
     scope = "order_consumer::apply_order_event",
     shared_scope = true,
@@ -112,9 +125,6 @@ async fn apply_order_events(
     result
 }
 
-/// The scope both handlers share.
-const SCOPE: &str = "order_consumer::apply_order_event";
-
 /// What the consumer does with a message: decode it, apply it, tell the consumer its fate.
 struct OrderEvents;
 
@@ -140,17 +150,16 @@ impl Handler for OrderEvents {
         positions: Option<&[Position]>,
     ) -> Vec<Fate> {
         // With offsets in PostgreSQL, the batch's positions and each message's key as the
-        // handler derives it (its generated `<handler>_key` function).
+        // handler derives it (its generated `<handler>_key` function), which is looked up
+        // in its fact's bucket.
         let positions = match positions {
             Some(positions) => {
-                let keys = events.iter().map(|event| {
-                    apply_order_events_key(event)
-                        .ok()
-                        .map(|key| (key.key(), key.fingerprint()))
-                });
-                BatchPositions::new(idem, SCOPE, positions, keys)
+                let keys = events
+                    .iter()
+                    .map(|event| apply_order_events_key(event).ok());
+                BatchPositions::of_handler_keys(idem, positions, keys)
             }
-            None => BatchPositions::new(idem, SCOPE, &[], []),
+            None => BatchPositions::of_handler_keys(idem, &[], []),
         };
         // One claim statement, one body and one commit for the batch.
         let outcomes = apply_order_events(idem, events, &positions).await;

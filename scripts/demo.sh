@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The whole demo in one command: starts what is missing (PostgreSQL, a private cluster
 # when none answers; the tansu Kafka-API broker, which the first run installs, about 12
-# minutes), then publishes order events
+# minutes), then publishes order events, each stamped with its time once by the producer,
 # with duplicate sends and malformed messages, consumes them with three consumers of one
-# group through #[idempotent] handlers, and checks by SQL that every fact was applied
-# exactly once.
+# group through #[idempotent] handlers whose keys are kept by the fact's time
+# (`event_time`), and checks by SQL that every fact was applied exactly once.
 #
 #   scripts/demo.sh [demo options]      e.g. --events 20000 --consumers 4 --offsets postgres
 #   scripts/demo.sh --batch-size 500    up to 500 messages per transaction (the batch path)

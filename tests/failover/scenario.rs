@@ -738,7 +738,8 @@ async fn keys(pool: &PgPool) -> Keys {
                 count(*) FILTER (WHERE attempts > 1),
                 count(*) FILTER (WHERE status IN ('failed', 'parked')),
                 count(*) FILTER (WHERE status = 'processing')
-         FROM idem.idem_keys",
+         FROM (SELECT attempts, status FROM idem.idem_keys
+               UNION ALL SELECT attempts, status FROM idem.idem_timed_keys) AS k",
     )
     .fetch_one(pool)
     .await

@@ -3,10 +3,12 @@
 //! mismatch or a missing key to dead-letter, a failing message to retry), past in-batch
 //! and earlier duplicates, and stores nothing when no body runs.
 
-use chrono::Utc;
+use std::sync::OnceLock;
+
+use chrono::{DateTime, Utc};
 use idem_demo::kafka;
 use idem_demo::kafka::handlers::{
-    self, apply_order_event, apply_order_event_at_offsets_batch, apply_order_event_at_offsets_key,
+    apply_order_event, apply_order_event_at_offsets_batch, apply_order_event_at_offsets_key,
 };
 use idem_demo::kafka::producer::event_key;
 use idem_demo::orders::{EventType, OrderEvent};
@@ -16,12 +18,20 @@ use sqlx::PgPool;
 
 const GROUP: &str = "g";
 
+/// The time of the test's facts: one for all, stamped once (to the microsecond), so that
+/// an event built again for the same order is the same fact to the handlers, which keep
+/// their keys by it.
+fn occurred_at() -> DateTime<Utc> {
+    static AT: OnceLock<DateTime<Utc>> = OnceLock::new();
+    *AT.get_or_init(|| DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).unwrap())
+}
+
 fn event(order: &str, amount_cents: i64) -> OrderEvent {
     OrderEvent {
         order_id: order.to_owned(),
         event_type: EventType::Paid,
         amount_cents,
-        occurred_at: Utc::now(),
+        occurred_at: occurred_at(),
         event_key: Some(event_key(order, EventType::Paid).as_uuid()),
     }
 }
@@ -32,12 +42,10 @@ fn offsets_of(idem: &Idem, topic: &str, batch: &[(i32, i64, OrderEvent)]) -> Bat
         .iter()
         .map(|(partition, offset, _)| Position::new(&schema, GROUP, topic, *partition, offset + 1))
         .collect();
-    let keys = batch.iter().map(|(_, _, event)| {
-        apply_order_event_at_offsets_key(event)
-            .ok()
-            .map(|key| (key.key(), key.fingerprint()))
-    });
-    BatchPositions::new(idem, handlers::SCOPE, &positions, keys)
+    let keys = batch
+        .iter()
+        .map(|(_, _, event)| apply_order_event_at_offsets_key(event).ok());
+    BatchPositions::of_handler_keys(idem, &positions, keys)
 }
 
 async fn stored(pool: &PgPool) -> std::collections::HashMap<i32, i64> {

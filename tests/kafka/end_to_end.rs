@@ -141,15 +141,12 @@ async fn scenario(harness: Harness, offsets: OffsetStore, batch_size: usize) {
     let keys: Vec<_> = plan
         .events
         .iter()
-        .map(|event| {
-            let key = handlers::apply_order_event_key(event).unwrap();
-            (key.key(), key.fingerprint())
-        })
+        .map(|event| handlers::apply_order_event_key(event).unwrap())
         .collect();
     let mut conn = harness.pool.acquire().await.unwrap();
     let done = harness
         .idem
-        .done_keys(&mut conn, handlers::SCOPE, &keys)
+        .done_handler_keys(&mut conn, &keys)
         .await
         .unwrap();
     drop(conn);

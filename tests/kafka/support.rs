@@ -573,11 +573,13 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Keep {
 pub async fn assert_every_fact_once(pool: &PgPool, group: &str, events: &[OrderEvent]) {
     let verification = verify::verify(pool, events).await.unwrap();
     assert!(verification.exactly_once(), "{verification}");
-    let unfinished: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM idem.idem_keys WHERE status <> 'success'")
-            .fetch_one(pool)
-            .await
-            .unwrap();
+    let unfinished: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM idem.idem_keys WHERE status <> 'success') \
+                  + (SELECT count(*) FROM idem.idem_timed_keys WHERE status <> 'success')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
     assert_eq!(unfinished, 0, "every key succeeded, nothing parked");
     let dead = verify::dead_letters(pool, group).await.unwrap();
     assert!(dead.is_empty(), "no dead letters: {dead:?}");

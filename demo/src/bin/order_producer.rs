@@ -33,7 +33,8 @@ struct Args {
     /// Malformed messages to add (undecodable, missing key, payload mismatch, refused).
     #[arg(long, default_value_t = 0)]
     malformed: usize,
-    /// Seed of the generated events: the same seed publishes the same facts again.
+    /// Seed of the generated events: the same seed publishes the same orders and amounts
+    /// again, stamped with this run's time (new facts to a handler keyed on the time).
     #[arg(long, default_value_t = 7)]
     seed: u64,
     /// Prefix of the order ids.

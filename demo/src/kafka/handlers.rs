@@ -50,16 +50,22 @@ pub enum ApplyError {
 }
 
 /// Applies an order event: one `order_effects` row and the order's `order_totals`, once
-/// per producer key (`event_key`), whatever the number of deliveries.
+/// per producer key (`event_key`) and fact's time (`occurred_at`), whatever the number of
+/// deliveries.
 ///
 /// The key is the producer's stamp ([`producer::event_key`](super::producer::event_key)
-/// derives it from `order_id` and `event_type`); a message without one is refused with
-/// [`idem_runtime::Error::Key`]. The fingerprint catches a stamp reused for another fact.
+/// derives it from `order_id` and `event_type`) with the time the producer stamped on the
+/// fact; a message without a key is refused with [`idem_runtime::Error::Key`]. The
+/// fingerprint catches a stamp reused for another fact. The keys are kept by the fact's
+/// time (`event_time`): each in the time bucket of its fact, dropped whole once the
+/// retention window has passed; a fact older than the window is refused
+/// ([`idem_runtime::Error::OutsideWindow`]) and dead-lettered.
 ///
 /// `batch = true` also generates `apply_order_event_batch(&idem, &events)`: all keys
 /// claimed in one statement, one transaction and one commit for the batch.
 #[idempotent(
-    key = "event_key",
+    key = "event_key, occurred_at",
+    event_time = "occurred_at",
     fingerprint = "order_id, event_type, amount_cents",
     scope = "apply_order_event",
     shared_scope = true,
@@ -77,7 +83,8 @@ pub async fn apply_order_event(
 /// [`apply_order_event`], plus the consumer's position stored in the same transaction:
 /// the effects and "this message is consumed" commit together.
 #[idempotent(
-    key = "event_key",
+    key = "event_key, occurred_at",
+    event_time = "occurred_at",
     fingerprint = "order_id, event_type, amount_cents",
     scope = "apply_order_event",
     shared_scope = true,
@@ -99,7 +106,8 @@ pub async fn apply_order_event_at(
 /// whole batch are stored once, by the first body of the batch transaction, up to the
 /// first message that is not done (see [`BatchPositions`]).
 #[idempotent(
-    key = "event_key",
+    key = "event_key, occurred_at",
+    event_time = "occurred_at",
     fingerprint = "order_id, event_type, amount_cents",
     scope = "apply_order_event",
     shared_scope = true,
@@ -158,13 +166,12 @@ impl Handler for OrderEvents {
         let outcomes = match positions {
             None => apply_order_event_batch(idem, events).await,
             Some(positions) => {
-                // The keys the batch handler derives, from its generated key function.
-                let keys = events.iter().map(|event| {
-                    apply_order_event_at_offsets_key(event)
-                        .ok()
-                        .map(|key| (key.key(), key.fingerprint()))
-                });
-                let offsets = BatchPositions::new(idem, SCOPE, positions, keys);
+                // The keys the batch handler derives, from its generated key function:
+                // each looked up in its fact's time bucket.
+                let keys = events
+                    .iter()
+                    .map(|event| apply_order_event_at_offsets_key(event).ok());
+                let offsets = BatchPositions::of_handler_keys(idem, positions, keys);
                 apply_order_event_at_offsets_batch(idem, events, &offsets).await
             }
         };

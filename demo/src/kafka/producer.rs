@@ -133,11 +133,18 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Plans the records for `config`, deterministically from its seed.
+    /// Plans the records for `config`, deterministically from its seed but for the facts'
+    /// times, which are the time of planning (a plan made again is new facts to a handler
+    /// keyed on the time).
     pub fn new(config: &PlanConfig) -> Self {
         let mut rng = SplitMix64(config.seed);
         let n = config.events;
-        let base = DateTime::<Utc>::from_timestamp(1_714_564_800, 0).expect("a valid instant");
+        // Each fact is stamped once, as the plan is made: a recent time, to the microsecond
+        // (what JSON carries and PostgreSQL keeps), one microsecond apart; a re-send is a
+        // copy of its fact's record and carries the same stamp. The consumers keep their
+        // keys by it (`event_time`), inside the retention window.
+        let now = Utc::now();
+        let base = DateTime::<Utc>::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now);
         let types = [EventType::Placed, EventType::Paid, EventType::Shipped];
         let events: Vec<OrderEvent> = (0..n)
             .map(|i| {
@@ -148,7 +155,7 @@ impl Plan {
                     order_id,
                     event_type,
                     amount_cents: 100 + rng.below(99_900) as i64,
-                    occurred_at: base + chrono::Duration::seconds(i as i64),
+                    occurred_at: base + chrono::Duration::microseconds(i as i64),
                 }
             })
             .collect();
