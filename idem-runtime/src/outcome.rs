@@ -42,7 +42,8 @@ impl<T> Outcome<T> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WindowEdge {
-    /// Older than the scope's retention window.
+    /// Older than the scope's retention window, or in a time bucket that the retention
+    /// cleanup has dropped (one older than the longest window the cleaner knew).
     Past,
     /// Further ahead of the database clock than the future bound.
     Future,
@@ -123,7 +124,7 @@ pub enum Error<E> {
     /// stamp is wrong). Nothing was claimed or run; a consumer dead-letters the message.
     /// See [`time_buckets`](crate::time_buckets).
     #[error("key {key}: {}", match edge {
-        WindowEdge::Past => format!("the fact happened at {fact_time}, before its scope's retention window; its key may have expired with its time bucket, so it is not run (it could apply the fact twice): redrive it on purpose as a new fact, or widen the scope's window"),
+        WindowEdge::Past => format!("the fact happened at {fact_time}, before its scope's retention window or in a time bucket that the retention cleanup already dropped (a cleaner drops the buckets older than the longest window it knows: its own and those the handlers declare with `retention`); its key may have expired with its bucket, so it is not run (it could apply the fact twice): redrive it on purpose as a new fact, or declare the scope's window on the handler"),
         WindowEdge::Future => format!("the fact is stamped {fact_time}, further ahead of the database clock than the future bound allows; it is not run: check the producer's clock and stamps, or raise `Retention::future_bound`"),
     })]
     OutsideWindow {

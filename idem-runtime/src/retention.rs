@@ -106,7 +106,7 @@ use sqlx::PgConnection;
 
 use crate::Idem;
 use crate::config::Pooler;
-pub use crate::config::retention::{DEFAULT_WINDOW, Retention};
+pub use crate::config::retention::{DEFAULT_WINDOW, LONGEST, Retention};
 use crate::store::Windows;
 
 /// What one cleanup did (or, from [`Idem::purge_dry_run`], would do).

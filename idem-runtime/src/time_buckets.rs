@@ -82,12 +82,14 @@
 //! counts the buckets dropped, each with all its keys; `deleted` counts the keys deleted
 //! row by row from the status table only, and a dry run reports no buckets.
 //!
-//! Both are functions of the schema (`idem_timed_bucket`, `idem_timed_expire`, migration
-//! 0010) owned by the role that migrated it (`SECURITY DEFINER`): a consumer's role needs
-//! `EXECUTE` on them and no right to create tables, which
+//! Both are functions of the schema (`idem_timed_bucket`, `idem_timed_expire`, migrations
+//! 0010 and 0011) owned by the role that migrated it (`SECURITY DEFINER`): a consumer's
+//! role needs `EXECUTE` on `idem_timed_bucket` and no right to create tables, which
 //! [`consumer_grants`](crate::privileges::consumer_grants) gives. Like `DELETE` on the
-//! status table for a cleaner, `EXECUTE` on `idem_timed_expire` lets a role expire buckets
-//! with a window of its choosing; grant it to the roles you trust with retention.
+//! status table for a cleaner, `EXECUTE` on `idem_timed_expire` lets a role expire buckets,
+//! so the consumer's grants leave it out: grant it to the role that runs the cleanup. The
+//! function keeps the longest window the scopes declare whatever window its caller passes,
+//! and refuses a window that is not positive.
 //!
 //! # Lease mode, key changes and batches
 //!

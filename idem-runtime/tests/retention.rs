@@ -639,3 +639,53 @@ async fn cleanup_cost_on_the_claim_path(pool: PgPool) {
         deleted as f64 / cleaning_secs
     );
 }
+
+#[sqlx::test(migrations = false)]
+async fn the_expiry_of_time_buckets_keeps_the_declared_windows_whoever_calls_it(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    // A scope declares 30 days; a bucket holds facts of two days ago.
+    assert!(
+        declared(&idem, &testing::paid("kept", 1))
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    let made: String = sqlx::query_scalar(
+        "SELECT idem.idem_timed_bucket(now() - interval '2 days', interval '1 hour', $1, 3600000)",
+    )
+    .bind(30 * 24 * 3600 * 1000_i64)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(made, "created");
+
+    // A caller with a window of an hour (an operator's one-off call) expires nothing
+    // that the declared window keeps.
+    let expired: Option<String> = sqlx::query_scalar("SELECT idem.idem_timed_expire(3600000, 200)")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(expired, None);
+    let buckets: i64 = sqlx::query_scalar("SELECT count(*) FROM idem.idem_timed_buckets")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(buckets, 1);
+
+    // A window that is not positive would drop the bucket of the facts delivered now.
+    for window in [0_i64, -7_200_000] {
+        let refused = sqlx::query("SELECT idem.idem_timed_expire($1, 200)")
+            .bind(window)
+            .execute(&pool)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused
+                .as_database_error()
+                .and_then(|e| e.code())
+                .as_deref(),
+            Some("22023"),
+            "{refused:?}"
+        );
+    }
+}

@@ -13,6 +13,11 @@ pub const DEFAULT_BUCKET_WIDTH: Duration = Duration::from_secs(3600);
 /// The default bound on a fact's time ahead of the database clock: an hour.
 pub const DEFAULT_FUTURE_BOUND: Duration = Duration::from_secs(3600);
 
+/// The longest window and future bound a handle uses: 1,000 years. A longer one (up to
+/// `Duration::MAX`, "for ever") is taken as this, which keeps every key of any fact a
+/// database holds and stays inside what PostgreSQL's intervals can express.
+pub const LONGEST: Duration = Duration::from_secs(1_000 * 366 * 24 * 3600);
+
 /// How long `success` keys are kept, and how the cleanup deletes them.
 ///
 /// ```
@@ -46,11 +51,12 @@ impl Default for Retention {
 }
 
 impl Retention {
-    /// Keeps `success` keys for `window` after their last change; batches of 5,000 rows,
-    /// each with a statement timeout of 2 s; a background cleanup every minute.
+    /// Keeps `success` keys for `window` after their last change (at most [`LONGEST`]);
+    /// batches of 5,000 rows, each with a statement timeout of 2 s; a background cleanup
+    /// every minute.
     pub fn new(window: Duration) -> Self {
         Retention {
-            window,
+            window: window.min(LONGEST),
             scopes: BTreeMap::new(),
             batch_size: 5_000,
             statement_timeout: Duration::from_secs(2),
@@ -64,9 +70,9 @@ impl Retention {
 
     /// The window of `scope`'s keys instead of the default one (and instead of the one its
     /// handler declares): longer for a scope whose messages can be replayed for longer,
-    /// shorter for a busy scope.
+    /// shorter for a busy scope (at most [`LONGEST`]).
     pub fn scope_window(mut self, scope: impl Into<String>, window: Duration) -> Self {
-        self.scopes.insert(scope.into(), window);
+        self.scopes.insert(scope.into(), window.min(LONGEST));
         self
     }
 
@@ -116,9 +122,10 @@ impl Retention {
     /// How far ahead of the database clock a fact's time may be (default an hour): a
     /// fact stamped later is refused (`Error::OutsideWindow`) rather than given a bucket
     /// that far ahead. Clock skew between producers and the database is what it allows
-    /// for; a producer that stamps events in the future by more is a bug to see.
+    /// for; a producer that stamps events in the future by more is a bug to see (at most
+    /// [`LONGEST`]).
     pub fn future_bound(mut self, bound: Duration) -> Self {
-        self.future_bound = bound;
+        self.future_bound = bound.min(LONGEST);
         self
     }
 
@@ -153,5 +160,22 @@ impl Retention {
     /// The interval of the background task.
     pub fn interval_duration(&self) -> Duration {
         self.interval
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_for_ever_are_the_longest_that_postgresql_expresses() {
+        let retention = Retention::new(Duration::MAX)
+            .scope_window("audit", Duration::MAX)
+            .future_bound(Duration::MAX);
+        assert_eq!(retention.window(), LONGEST);
+        assert_eq!(retention.window_of("audit"), LONGEST);
+        assert_eq!(retention.future_bound_duration(), LONGEST);
+        // Sent as milliseconds multiplied by `interval '1 millisecond'`.
+        assert!(i64::try_from(LONGEST.as_millis()).is_ok());
     }
 }

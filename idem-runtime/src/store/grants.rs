@@ -14,7 +14,7 @@ pub(crate) fn consumer_grants(schema: &Identifier, role: &str) -> String {
                        previous_key_seen_at, message_type) ON {schema}.idem_scopes TO {role};\n\
          GRANT SELECT ON {schema}.idem_instance TO {role};\n\
          GRANT SELECT, INSERT, UPDATE ON {schema}.idem_timed_keys TO {role};\n\
-         GRANT EXECUTE ON FUNCTION {schema}.idem_timed_bucket(timestamptz, interval, bigint, bigint), \
-                                   {schema}.idem_timed_expire(bigint, integer) TO {role};\n"
+         GRANT EXECUTE ON FUNCTION {schema}.idem_timed_bucket(timestamptz, interval, bigint, bigint) \
+                                   TO {role};\n"
     )
 }

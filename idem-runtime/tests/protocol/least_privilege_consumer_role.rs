@@ -181,8 +181,26 @@ async fn every_path_runs_under_a_role_without_ddl(pool: PgPool) {
     let timed = testing::paid("o-timed", 5);
     assert!(pay_timed(&idem, &timed).await.unwrap().is_executed());
     assert!(pay_timed(&idem, &timed).await.unwrap().is_duplicate());
-    // The cleanup's upkeep of the buckets, under the same role (given `DELETE` on the
-    // status table, as the consumers that run the cleanup are).
+    // The consumer's grants do not let it expire buckets: a window of its choosing could
+    // drop the bucket of the facts being delivered now.
+    let expire = sqlx::query(&format!("SELECT {schema}.idem_timed_expire(3600000, 200)"))
+        .execute(&consumer_pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        expire.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("42501"),
+        "{expire:?}"
+    );
+    // The cleanup's upkeep of the buckets, under the same role once given what the role
+    // that runs the cleanup needs: `DELETE` on the status table (granted above) and
+    // `EXECUTE` on the expiry of buckets.
+    sqlx::raw_sql(&format!(
+        "GRANT EXECUTE ON FUNCTION {schema}.idem_timed_expire(bigint, integer) TO {role};"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
     let report = idem.purge().await.unwrap();
     assert!(report.buckets_made > 0, "{report:?}");
 
