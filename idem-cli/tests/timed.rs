@@ -3,7 +3,7 @@
 //! the nanosecond) and shows its fact time, `keys list` adds a FACT TIME column, `keys
 //! retry` and `keys release` change one by scope and key, `stats` counts them and shows
 //! the time buckets, `purge --dry-run` names the buckets the cleanup would make and drop,
-//! and `purge` then makes and drops them.
+//! and `purge` then makes and drops them; also through PgBouncer in transaction pooling.
 use std::process::Command;
 
 use chrono::{DateTime, DurationRound, SecondsFormat, TimeDelta, Utc};
@@ -396,4 +396,73 @@ async fn timed_keys_are_shown_listed_counted_changed_and_their_buckets_kept(pool
         "{}",
         again.stdout
     );
+}
+
+/// Through PgBouncer in transaction pooling (`IDEM_PGBOUNCER_TRANSACTION_URL`, which
+/// `scripts/test.sh` exports) with `--pooler transaction`: the commands on timed keys and
+/// buckets work, and change what a direct connection sees.
+#[sqlx::test(migrations = false)]
+async fn timed_keys_and_buckets_through_a_transaction_pooler(pool: PgPool) {
+    let runtime = Idem::new(pool.clone());
+    runtime.migrate().await.unwrap();
+    let parked = reading("m-parked", TimeDelta::hours(30), true);
+    for _ in 0..2 {
+        assert!(record_reading(&runtime, &parked).await.is_err());
+    }
+    let pooler = std::env::var("IDEM_PGBOUNCER_TRANSACTION_URL").expect(
+        "IDEM_PGBOUNCER_TRANSACTION_URL: run the tests through scripts/test.sh, or export what `scripts/services.sh up --print-env pgbouncer` prints",
+    );
+    let base = pooler.rsplit_once('/').expect("a URL with a database").0;
+    let database = pool.connect_options().get_database().unwrap().to_owned();
+    let url = format!("{base}/{database}");
+    let through = |args: Vec<String>| {
+        let mut args = args;
+        args.extend(["--pooler".to_owned(), "transaction".to_owned()]);
+        idem(&url, &args)
+    };
+    let strings = |args: &[&str]| args.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+
+    let shown = ok(through(with_fields(
+        &["keys", "show", "--scope", SCOPE, "--json"],
+        &parked,
+    )))
+    .json();
+    assert_eq!(shown["status"], "parked");
+    let listed = ok(through(strings(&["keys", "list", "--json"]))).json();
+    assert_eq!(listed["keys"].as_array().unwrap().len(), 1, "{listed}");
+    let stats = ok(through(strings(&["stats", "--json"]))).json();
+    assert_eq!(stats["timed_total"], 1, "{stats}");
+    let buckets = ok(through(strings(&["stats", "--buckets", "--json"]))).json();
+    assert!(buckets["count"].as_u64().unwrap() >= 1, "{buckets}");
+    let plan = ok(through(strings(&[
+        "purge",
+        "--dry-run",
+        "--older-than",
+        "1d",
+        "--json",
+    ])))
+    .json();
+    assert_eq!(
+        plan["buckets_to_drop"].as_array().unwrap().len(),
+        1,
+        "{plan}"
+    );
+    ok(through(with_fields(
+        &["keys", "retry", "--scope", SCOPE],
+        &parked,
+    )));
+    let row: (String, i32) =
+        sqlx::query_as("SELECT status, attempts FROM idem.idem_timed_keys WHERE scope = $1")
+            .bind(SCOPE)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(row, ("failed".to_owned(), 0));
+    let purged = ok(through(strings(&["purge", "--older-than", "1d", "--json"]))).json();
+    assert_eq!(purged["buckets_dropped"], 1, "{purged}");
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM idem.idem_timed_keys")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the parked fact's key went with its bucket");
 }
