@@ -127,6 +127,9 @@ enum Command {
     /// lease in progress, the table's size, and, once keys are kept by their fact's time,
     /// the time buckets: how many, the oldest and newest fact hour they hold, how far
     /// ahead they are made, the horizon before which facts are refused.
+    ///
+    /// The counts read every key of both tables; the buckets' figures come from their
+    /// register and the catalog (no count).
     Stats(StatsArgs),
     /// The scopes recorded, with their owners and key definitions, or release one.
     Scopes {
@@ -266,7 +269,8 @@ struct PurgeArgs {
     /// The width of a time bucket made ahead (a minute to a day).
     #[arg(long, value_name = "WIDTH", default_value = "1h", value_parser = parse_duration)]
     bucket_width: Duration,
-    /// How far ahead of now time buckets are made (and facts are accepted).
+    /// How far ahead of now time buckets are made: the consumers' future bound
+    /// (`Retention::future_bound`), beyond which their facts are refused anyway.
     #[arg(long, value_name = "BOUND", default_value = "1h", value_parser = parse_duration)]
     future_bound: Duration,
     /// Count what would be deleted and list the time buckets that would be made and
