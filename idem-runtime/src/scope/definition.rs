@@ -98,13 +98,16 @@ pub(super) async fn check(
     // The scope's keys are where this handler keeps its own, whatever is recorded: a
     // scope released (`release_scope`) is recorded again with this handler's definition,
     // and a handler that keeps its keys by the fact's time would not find those of the
-    // status table (or the other way round). Once per scope and process.
+    // status table (or the other way round). Once per scope and process, an indexed probe
+    // (the primary key's `scope` prefix).
     //
     // Except for a declared move into the time buckets (`event_time` with a
     // `previous_key` whose keys are in the status table): its new build claims the keys
-    // of both tables, its old build those of the status table while the move lasts, and
-    // once it is over, the status table keeps the keys written since the scope was
-    // recorded until they expire. Keys written before it was recorded are refused still.
+    // of both tables, and its old build those of the status table while the move lasts.
+    // A build that keeps its keys by the fact's time without that declaration is refused
+    // while the status table holds any key of the scope: a fact that succeeded under such
+    // a key alone would run again. The declaration stays until the status table's cleanup
+    // has deleted them (past their retention window).
     let timed = time_of(ours).is_some();
     let moving = moving_into_buckets(
         ours,
@@ -112,13 +115,8 @@ pub(super) async fn check(
         row.key_definition.as_deref(),
         row.previous_key_definition.as_deref(),
     );
-    let elsewhere_keys = match (moving, timed) {
-        (true, _) => false,
-        (false, true) => statements.has_plain_keys_before_scope(pool, scope).await?,
-        (false, false) => statements.has_keys_in(pool, scope, true).await?,
-    };
-    if elsewhere_keys {
-        return Err(elsewhere(checked, row.key_definition.as_deref(), timed));
+    if !moving && statements.has_keys_in(pool, scope, !timed).await? {
+        return Err(elsewhere(checked, &row, timed));
     }
     // A change that another process recorded meanwhile is decided on again.
     for _ in 0..3 {
@@ -214,21 +212,30 @@ fn changed(checked: &Checked<'_>, recorded: &str) -> Error {
     )))
 }
 
-/// The refusal of a handler whose scope has keys in the other table than its own.
-fn elsewhere(checked: &Checked<'_>, recorded: Option<&str>, timed: bool) -> Error {
+/// The refusal of a handler whose scope has keys in the other table than its own
+/// (`row`: the scope's record).
+fn elsewhere(checked: &Checked<'_>, row: &ScopeRow, timed: bool) -> Error {
     let scope = checked.spec.scope;
     let ours = checked.definition.as_str();
-    let (theirs, mine) = if timed {
-        ("in the status table", "by the fact's time (`event_time`)")
+    let recorded = row.key_definition.as_deref();
+    let message = if timed {
+        // The status table's keys were derived by the recorded definition without a time
+        // part: the previous one of a move, the recorded one, or (a scope released since)
+        // the same fields as this handler's.
+        let old = [row.previous_key_definition.as_deref(), recorded]
+            .into_iter()
+            .flatten()
+            .find(|definition| time_of(definition).is_none())
+            .unwrap_or(ours);
+        let fields = fields_of(key_of(old));
+        format!(
+            "scope `{scope}` has keys kept in the status table, and this handler keeps its keys by the fact's time (`event_time`) without `previous_key`: a fact that succeeded under a key of the status table alone would not find it and would run again. Keep (or declare) the move with `previous_key = \"{fields}\"` next to `event_time` until the status table's cleanup has deleted the scope's keys there (they are past their retention window; `idem purge`): a fact that succeeded under them is then a duplicate. Or give this handler a `scope` of its own (the old scope's keys expire with their retention window), or revert the change"
+        )
     } else {
-        (
-            "by the fact's time (in the time buckets)",
-            "in the status table (no `event_time`)",
+        format!(
+            "scope `{scope}` has keys kept by the fact's time (in the time buckets), and this handler keeps its keys in the status table (no `event_time`): a fact delivered again would not find its key and would run again. Give this handler a `scope` of its own (the old scope's keys expire with its retention window), or revert the change"
         )
     };
-    let message = format!(
-        "scope `{scope}` has keys kept {theirs}, and this handler keeps its keys {mine}: a fact delivered again would not find its key and would run again. Give this handler a `scope` of its own (the old scope's keys expire with its retention window), or revert the change"
-    );
     Error::Refused(Refusal::KeyChanged(KeyChanged::new(
         scope,
         recorded.unwrap_or("(none recorded)"),

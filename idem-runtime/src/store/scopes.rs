@@ -24,8 +24,6 @@ pub(super) struct Sql {
     has_keys: String,
     has_plain_keys: String,
     has_timed_keys: String,
-    /// Whether a scope has keys in the status table older than its registry row.
-    has_plain_keys_before_scope: String,
     /// A scope of the same crate, message type and key that has keys and no handler in
     /// the binary: the scope of a handler renamed or moved.
     moved_from: String,
@@ -81,14 +79,6 @@ impl Sql {
             ),
             has_timed_keys: format!(
                 "SELECT EXISTS (SELECT FROM {schema}.idem_timed_keys WHERE scope = $1)"
-            ),
-            // Keys the registry cannot account for: written before the scope was recorded
-            // (by a handler whose scope was released since), not during a declared move
-            // into the time buckets.
-            has_plain_keys_before_scope: format!(
-                "SELECT EXISTS (SELECT FROM {schema}.idem_keys AS k WHERE k.scope = $1 \
-                     AND k.created_at < (SELECT s.created_at FROM {schema}.idem_scopes AS s \
-                                         WHERE s.scope = $1))"
             ),
             // In the status table or in the buckets of the timed one.
             has_keys: format!(
@@ -284,19 +274,6 @@ impl Statements {
             &self.scopes.has_plain_keys
         };
         self.query(statement, &[scope.into()])
-            .fetch_one(pool)
-            .await?
-            .try_get(0)
-    }
-
-    /// Whether `scope` has keys in the status table written before the scope's row in
-    /// the registry: keys of a handler whose scope was released since.
-    pub(crate) async fn has_plain_keys_before_scope(
-        &self,
-        pool: &PgPool,
-        scope: &str,
-    ) -> Result<bool, sqlx::Error> {
-        self.query(&self.scopes.has_plain_keys_before_scope, &[scope.into()])
             .fetch_one(pool)
             .await?
             .try_get(0)

@@ -238,8 +238,26 @@ async fn a_handler_moving_its_keys_into_time_buckets_runs_each_fact_once_beside_
     }
     assert!(keys_in(&pool, "idem_timed_keys", SCOPE).await > 0);
 
-    // The move is over: the new build without `previous_key` runs beside the status
-    // table's keys; the old build is refused from then on.
+    // `previous_key` removed while the status table holds the scope's keys: refused,
+    // with the declaration to keep (a fact that succeeded under one of them alone would
+    // run again).
+    let early = deliver_as(&Idem::new(pool.clone()), SCOPE, Build::Timed, &first)
+        .await
+        .unwrap_err();
+    assert!(matches!(early, Error::KeyChanged(_)), "{early:?}");
+    assert!(
+        early
+            .to_string()
+            .contains("previous_key = \"order_id, occurred_at\""),
+        "{early}"
+    );
+    // Once the status table's cleanup has deleted them, the move is over: the new build
+    // without `previous_key` runs; the old build is refused from then on.
+    sqlx::query("DELETE FROM idem.idem_keys WHERE scope = $1")
+        .bind(SCOPE)
+        .execute(&pool)
+        .await
+        .unwrap();
     let timed = Idem::new(pool.clone());
     let late = event("o-late", at);
     assert!(
@@ -340,4 +358,56 @@ async fn a_move_into_time_buckets_without_previous_key_is_refused_with_the_decla
         "{text}"
     );
     assert_eq!(effects(&pool).await, (1, 0), "nothing ran again");
+}
+
+#[sqlx::test(migrations = false)]
+async fn previous_key_removed_while_the_status_table_holds_the_scope_keys_runs_no_old_fact_again(
+    pool: PgPool,
+) {
+    const SCOPE: &str = "moved_too_early";
+    let setup = testing::setup(&pool).await;
+    // A fact two hours old succeeded under the status table's key alone.
+    let old_fact = event("o-old", an_hour_ago() - TimeDelta::hours(1));
+    assert!(
+        deliver_as(&setup, SCOPE, Build::Plain, &old_fact)
+            .await
+            .unwrap()
+            .is_executed()
+    );
+    // The move is declared: its redelivery is a duplicate.
+    let moving = Idem::new(pool.clone());
+    assert!(matches!(
+        deliver_as(&moving, SCOPE, Build::Moving, &old_fact)
+            .await
+            .unwrap(),
+        Outcome::Duplicate(_)
+    ));
+    // `previous_key` removed seconds later: the build is refused, whichever fact it is
+    // given first, and the old fact does not run again.
+    for fact in [&old_fact, &event("o-new", an_hour_ago())] {
+        let error = deliver_as(&Idem::new(pool.clone()), SCOPE, Build::Timed, fact)
+            .await
+            .unwrap_err();
+        let Error::KeyChanged(changed) = &error else {
+            panic!("expected KeyChanged, got {error:?}");
+        };
+        assert_eq!(
+            changed.recorded(),
+            "idem:v1 key(order_id s, occurred_at t) time(occurred_at)"
+        );
+        assert!(
+            error
+                .to_string()
+                .contains("previous_key = \"order_id, occurred_at\""),
+            "{error}"
+        );
+    }
+    assert_eq!(effects(&pool).await, (1, 0), "nothing ran again");
+    // The declared build still answers it.
+    assert!(matches!(
+        deliver_as(&Idem::new(pool.clone()), SCOPE, Build::Moving, &old_fact)
+            .await
+            .unwrap(),
+        Outcome::Duplicate(_)
+    ));
 }
