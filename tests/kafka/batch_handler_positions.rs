@@ -3,9 +3,11 @@
 //! (`batch_positions`): it knows the keys its transaction claimed, and looks up only the
 //! other messages' keys.
 
-use chrono::Utc;
+use std::sync::OnceLock;
+
+use chrono::{DateTime, Utc};
 use idem_demo::kafka;
-use idem_demo::kafka::handlers::{self, apply_order_event, event_type_name};
+use idem_demo::kafka::handlers::{apply_order_event, event_type_name};
 use idem_demo::kafka::producer::event_key;
 use idem_demo::orders::{EventType, OrderEvent};
 use idem_kafka::{BatchPositions, Position, Schema};
@@ -14,20 +16,29 @@ use sqlx::{PgConnection, PgPool};
 
 const GROUP: &str = "g";
 
+/// The time of the test's facts: one for all, stamped once (to the microsecond), so that
+/// an event built again for the same order is the same fact to the handlers, which keep
+/// their keys by it.
+fn occurred_at() -> DateTime<Utc> {
+    static AT: OnceLock<DateTime<Utc>> = OnceLock::new();
+    *AT.get_or_init(|| DateTime::from_timestamp_micros(Utc::now().timestamp_micros()).unwrap())
+}
+
 fn event(order: &str, amount_cents: i64) -> OrderEvent {
     OrderEvent {
         order_id: order.to_owned(),
         event_type: EventType::Paid,
         amount_cents,
-        occurred_at: Utc::now(),
+        occurred_at: occurred_at(),
         event_key: Some(event_key(order, EventType::Paid).as_uuid()),
     }
 }
 
-/// A batch handler in the scope of the demo's handlers, storing the batch's positions
-/// first in its body.
+/// A batch handler in the scope of the demo's handlers (their key, kept by the fact's
+/// time), storing the batch's positions first in its body.
 #[idempotent(
-    key = "event_key",
+    key = "event_key, occurred_at",
+    event_time = "occurred_at",
     fingerprint = "order_id, event_type, amount_cents",
     scope = "apply_order_event",
     shared_scope = true
@@ -69,12 +80,10 @@ fn offsets_of(idem: &Idem, batch: &[(i32, i64, OrderEvent)]) -> BatchPositions {
         .iter()
         .map(|(partition, offset, _)| Position::new(&schema, GROUP, "t", *partition, offset + 1))
         .collect();
-    let keys = batch.iter().map(|(_, _, event)| {
-        apply_events_at_offsets_key(event)
-            .ok()
-            .map(|key| (key.key(), key.fingerprint()))
-    });
-    BatchPositions::new(idem, handlers::SCOPE, &positions, keys)
+    let keys = batch
+        .iter()
+        .map(|(_, _, event)| apply_events_at_offsets_key(event).ok());
+    BatchPositions::of_handler_keys(idem, &positions, keys)
 }
 
 async fn stored(pool: &PgPool) -> Vec<(i32, i64)> {

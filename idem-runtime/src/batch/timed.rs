@@ -107,7 +107,12 @@ mod tests {
     #[test]
     fn times_postgresql_cannot_hold_are_not_representable() {
         assert!(representable(Utc::now()));
-        assert!(!representable(DateTime::<Utc>::MAX_UTC));
+        // chrono's earliest instant is some 262,000 years BC; PostgreSQL's 4713 BC.
         assert!(!representable(DateTime::<Utc>::MIN_UTC));
+        let before_postgresql = chrono::NaiveDate::from_ymd_opt(-4713, 12, 31)
+            .and_then(|day| day.and_hms_opt(0, 0, 0))
+            .unwrap()
+            .and_utc();
+        assert!(!representable(before_postgresql));
     }
 }
