@@ -154,11 +154,20 @@ impl Args {
                 .map(|field| field.text.as_str())
                 .collect::<Vec<_>>()
                 .join(", ");
+            let written = &path.text;
+            let listed = format!("`{}`", fields.replace(", ", "`, `"));
+            let mean = super::suggest::did_you_mean(written, &listed);
+            let remedy = if mean.is_empty() {
+                format!(
+                    "name the key field that holds the fact's time, or add `{written}` to `key`"
+                )
+            } else {
+                format!("{mean}Otherwise add `{written}` to `key`")
+            };
             self.errors.push(syn::Error::new(
                 path.span,
                 format!(
-                    "`event_time` must be one of the `key` fields ({fields}): a time outside the key would let a re-send of the same fact with another time run again; add `{}` to `key`",
-                    path.text
+                    "`event_time` names `{written}`, which is not one of the `key` fields ({fields}): the fact's time must be part of the key, or a re-send of the same fact with another time would run again; {remedy}"
                 ),
             ));
             return None;

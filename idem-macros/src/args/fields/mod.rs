@@ -64,6 +64,23 @@ fn rest_of_argument(input: ParseStream<'_>) -> proc_macro2::TokenStream {
     .collect()
 }
 
+/// The error of an empty list, with an example in the argument's form (`written`: the
+/// example's fields as the form writes them): the times name one key field, the other
+/// lists the message fields.
+fn empty(argument: &str, written: impl Fn(&str) -> String) -> String {
+    if argument.ends_with("event_time") {
+        format!(
+            "`{argument}` is empty; name the one key field that holds the fact's own time, e.g. `{}`",
+            written("occurred_at")
+        )
+    } else {
+        format!(
+            "`{argument}` is empty; name the message fields, e.g. `{}`",
+            written("order_id, event_type")
+        )
+    }
+}
+
 /// `key(order_id, order.customer.id, r#type, 0)`: each component keeps its span, so
 /// that errors and the compiler's suggestions point at the field at fault.
 fn ident_list(
@@ -76,7 +93,7 @@ fn ident_list(
     if content.is_empty() {
         errors.push(syn::Error::new(
             span,
-            format!("`{argument}` is empty; name the message fields, e.g. `{argument}(order_id, event_type)`"),
+            empty(argument, |example| format!("{argument}({example})")),
         ));
     }
     while !content.is_empty() {
@@ -142,7 +159,7 @@ fn string_list(literal: &LitStr, argument: &str, errors: &mut Vec<syn::Error>) -
     if value.trim().is_empty() {
         errors.push(syn::Error::new(
             span,
-            format!("`{argument}` is empty; name the message fields, e.g. `{argument} = \"order_id, event_type\"`"),
+            empty(argument, |example| format!("{argument} = \"{example}\"")),
         ));
     }
     let mut offset = 0;
