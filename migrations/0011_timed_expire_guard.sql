@@ -7,8 +7,9 @@
 -- the longest of it and of the windows the scopes' handlers declare (`retention = "..."`,
 -- recorded in `idem_scopes`), so that a cleaner with a short window (an operator's one-off
 -- `idem purge --older-than 1h`) never drops the keys of a scope that declared a longer
--- one. A window that is not positive is refused: it would drop the bucket of facts that
--- are being delivered now, and every fact of its hour would then be refused.
+-- one. A negative window is refused: it would drop the bucket of facts that are being
+-- delivered now (or ahead of now), and every fact of its hour would then be refused. A
+-- window of zero drops the buckets that ended, never the current one.
 CREATE OR REPLACE FUNCTION idem_timed_expire(window_ms bigint, lock_timeout_ms integer)
 RETURNS text
 LANGUAGE plpgsql
@@ -19,8 +20,8 @@ DECLARE
     doomed idem_timed_buckets;
     kept bigint;
 BEGIN
-    IF window_ms IS NULL OR window_ms <= 0 THEN
-        RAISE EXCEPTION 'idem_timed_expire: the window must be a positive number of milliseconds, not %', window_ms
+    IF window_ms IS NULL OR window_ms < 0 THEN
+        RAISE EXCEPTION 'idem_timed_expire: the window must be zero or more milliseconds, not %', window_ms
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     SELECT greatest(window_ms, max(retention_ms)) INTO kept FROM idem_scopes;

@@ -89,7 +89,7 @@
 //! status table for a cleaner, `EXECUTE` on `idem_timed_expire` lets a role expire buckets,
 //! so the consumer's grants leave it out: grant it to the role that runs the cleanup. The
 //! function keeps the longest window the scopes declare whatever window its caller passes,
-//! and refuses a window that is not positive.
+//! and refuses a negative window.
 //!
 //! # Lease mode, key changes and batches
 //!

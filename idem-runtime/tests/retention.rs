@@ -672,8 +672,8 @@ async fn the_expiry_of_time_buckets_keeps_the_declared_windows_whoever_calls_it(
         .unwrap();
     assert_eq!(buckets, 1);
 
-    // A window that is not positive would drop the bucket of the facts delivered now.
-    for window in [0_i64, -7_200_000] {
+    // A negative window would drop the bucket of the facts delivered now.
+    for window in [-1_i64, -7_200_000] {
         let refused = sqlx::query("SELECT idem.idem_timed_expire($1, 200)")
             .bind(window)
             .execute(&pool)
