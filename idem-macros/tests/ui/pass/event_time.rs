@@ -1,6 +1,6 @@
 use std::time::SystemTime;
 
-use chrono::{DateTime, FixedOffset, NaiveDateTime, Utc};
+use chrono::{DateTime, FixedOffset, Local, NaiveDateTime, Utc};
 use idem_runtime::idempotent;
 use sqlx::PgConnection;
 
@@ -11,6 +11,11 @@ struct OrderEvent {
     naive: NaiveDateTime,
     system: SystemTime,
     maybe: Option<DateTime<Utc>>,
+    meta: Meta,
+}
+
+struct Meta {
+    at: DateTime<Local>,
 }
 
 #[idempotent(key = "order_id, occurred_at", event_time = "occurred_at")]
@@ -44,6 +49,13 @@ async fn by_option(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx
     Ok(())
 }
 
+// A nested field, in the process's local zone: the instant counts.
+#[idempotent(key = "order_id, meta.at", event_time = "meta.at", scope = "by_nested")]
+async fn by_nested(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Error> {
+    let _ = (tx, event);
+    Ok(())
+}
+
 fn main() {
     let event = OrderEvent {
         order_id: "o-1".into(),
@@ -52,9 +64,11 @@ fn main() {
         naive: Utc::now().naive_utc(),
         system: SystemTime::now(),
         maybe: None,
+        meta: Meta { at: Local::now() },
     };
     let key = by_utc_key(&event).unwrap();
     assert!(key.fact_time().is_some());
     assert!(by_option_key(&event).is_err(), "no time: no key");
+    assert!(by_nested_key(&event).unwrap().fact_time().is_some());
     let _ = (by_offset_key(&event), by_naive_key(&event), by_system_key(&event));
 }
