@@ -465,4 +465,13 @@ async fn timed_keys_and_buckets_through_a_transaction_pooler(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(left, 0, "the parked fact's key went with its bucket");
+    // The pooler's server connections to the test's database end with it (the next run
+    // drops and makes the database again).
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
 }
