@@ -84,12 +84,15 @@ where
 
 /// The outcomes of the messages the batch pass handled: as committed, or, when the batch
 /// rolled back, each message in `retry` run on its own by [`run_transactional`](crate::transactional::run_transactional()), its body
-/// given by `one` (the transaction and the message's index).
+/// given by `one` (the transaction and the message's index). `previous_timed`: the
+/// handler's previous keys are in the time buckets (`previous_event_time`).
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn settle<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     pass: Pass<T, E>,
     keyed: &impl Fn(usize) -> MessageKeys,
+    previous_timed: bool,
     codec: C,
     mut one: F,
 ) -> Vec<Indexed<T, E>>
@@ -135,11 +138,16 @@ where
         "batch rolled back; processing its messages one by one"
     );
     for index in retry {
-        let outcome =
-            transactional::run_checked(idem, spec, Mode::Batch, keyed(index), codec, |tx| {
-                one(tx, index)
-            })
-            .await;
+        let outcome = transactional::run_checked(
+            idem,
+            spec,
+            Mode::Batch,
+            keyed(index),
+            previous_timed,
+            codec,
+            |tx| one(tx, index),
+        )
+        .await;
         decided.push((index, outcome));
     }
     decided

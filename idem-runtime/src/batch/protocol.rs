@@ -72,9 +72,16 @@ where
     };
     drop(turns);
     let message_keys = |index: usize| planned.message_keys(index);
-    let outcomes = settle(idem, spec, pass, &message_keys, codec, |tx, index| {
-        body(tx, &messages[index])
-    })
+    let previous_timed = layout.previous_timed();
+    let outcomes = settle(
+        idem,
+        spec,
+        pass,
+        &message_keys,
+        previous_timed,
+        codec,
+        |tx, index| body(tx, &messages[index]),
+    )
     .await;
     planned.decide(outcomes);
     counted(spec, planned.finish(&codec))
@@ -152,9 +159,16 @@ where
     };
     drop(turns);
     let message_keys = |index: usize| planned.message_keys(index);
-    let outcomes = settle(idem, spec, pass, &message_keys, NoResult, |tx, index| {
-        body(tx, vec![&messages[index]])
-    })
+    let previous_timed = layout.previous_timed();
+    let outcomes = settle(
+        idem,
+        spec,
+        pass,
+        &message_keys,
+        previous_timed,
+        NoResult,
+        |tx, index| body(tx, vec![&messages[index]]),
+    )
     .await;
     planned.decide(outcomes);
     counted(spec, planned.finish(&NoResult))

@@ -122,12 +122,14 @@ where
 }
 
 /// [`run_transactional`] for a handler whose scope is checked already (the batch path's
-/// one-by-one pass), whose previous keys, where it declares some, are in the status table.
+/// one-by-one pass). `previous_timed`: its previous keys, where it declares some, are in
+/// the time buckets (`previous_event_time`), not in the status table.
 pub(crate) async fn run_checked<T, E, C, F, Fut>(
     idem: &Idem,
     spec: &HandlerSpec,
     mode: Mode,
     keys: MessageKeys,
+    previous_timed: bool,
     codec: C,
     body: F,
 ) -> Result<Outcome<T>, Error<E>>
@@ -137,7 +139,7 @@ where
     F: FnMut(KeyTransaction) -> Fut,
     Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
 {
-    run_delivery(idem, spec, mode, keys, false, codec, body).await
+    run_delivery(idem, spec, mode, keys, previous_timed, codec, body).await
 }
 
 /// [`run_transactional`] once the scope is checked. `previous_timed`: the key under the

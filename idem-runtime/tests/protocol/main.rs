@@ -15,6 +15,7 @@ mod batch_handler_payload_mismatch_is_rejected_per_message;
 mod batch_handler_rollback_cases_fall_back_to_one_by_one;
 mod batch_keys_kept_by_time_refuse_a_fact_outside_its_window_alone;
 mod batch_keys_kept_by_time_straddle_a_bucket_boundary;
+mod batch_previous_keys_in_time_buckets;
 mod batch_smoke;
 mod concurrent_deliveries_execute_once;
 mod dropped_future_leaves_no_claim;
