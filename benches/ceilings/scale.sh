@@ -24,6 +24,11 @@
 #   SCALE_SIZES="0 5000000" SCALE_SECS=20 SCALE_ROUNDS=2 bash benches/ceilings/scale.sh
 #   SCALE_KEEP=1 bash benches/ceilings/scale.sh     # keep the filled databases; a later run
 #                                                   # with the same sizes and layout reuses them
+#   SCALE_RETENTION=0 ...                           # no retention measure (it removes keys
+#                                                   # from the largest database)
+#   SCALE_SECS=300 SCALE_RETENTION_SECS=30 ...      # cells over a whole checkpoint cycle
+#   SCALE_FULL_HOUR=1 SCALE_LAYOUT=timed ...        # the current bucket full, as at the end
+#                                                   # of an hour (see below)
 #   SCALE_TSV=scale.tsv bash benches/ceilings/scale.sh && python3 benches/ceilings/chart.py scale.tsv > chart.svg
 #
 # Uses databases of its own, SCALE_DATABASE (default idem_scale) followed by the layout and
@@ -130,6 +135,25 @@ cell() {
 
 for size in $sizes; do prepare "$size"; done
 
+# SCALE_FULL_HOUR=1 (timed layout): the bucket that new messages go to holds a whole
+# bucket's share of the keys (size / 168, an hour of a week's keys) before the rounds, as
+# it does at the end of each hour, when its index is largest: the worst case of the WAL
+# that a checkpoint costs. Without it, the current bucket holds what the fill and the
+# earlier cells put there (little, early in an hour). A kept database stays reusable:
+# the next run tops its current bucket up again.
+if [[ ${SCALE_FULL_HOUR:-0} == 1 && $layout == timed ]]; then
+    for size in $sizes; do
+        (( size > 0 )) || continue
+        psql -d "$(database_of "$size")" -qc "INSERT INTO idem.idem_timed_keys (scope, key, fact_time, status, attempts, fingerprint, created_at, updated_at)
+            SELECT 'ceiling', gen_random_uuid(), t, 'success', 1,
+                   '\x00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff'::bytea, t, t
+            FROM generate_series(1, greatest($size / 168 - (SELECT count(*) FROM idem.idem_timed_keys
+                                                             WHERE fact_time >= date_trunc('hour', now())), 0)) AS g,
+                 LATERAL (SELECT date_trunc('hour', now()) + random() * (now() - date_trunc('hour', now())) AS t) AS at" \
+            -c "VACUUM ANALYZE idem.idem_timed_keys"
+    done
+fi
+
 tsv=${SCALE_TSV:-/dev/null}
 printf 'keys\tround\tidem_tps\tbare_tps\tidem_wal\tbare_wal\n' >"$tsv"
 echo "pgbench, c=$clients, $secs s a cell after a CHECKPOINT, $rounds rounds, the sizes side by side (the order turning), layout $layout ($table)"
@@ -145,6 +169,8 @@ for (( round = 1; round <= rounds; round++ )); do
         if [[ $what == bare ]]; then
             got[bare]=$(cell "$(database_of "$smallest")" bare)
         else
+            # The empty table stays empty: the earlier cells' messages go.
+            (( what > 0 )) || psql -d "$(database_of 0)" -qc "TRUNCATE $table, order_effects"
             got[$what]=$(cell "$(database_of "$what")" "$script")
         fi
     done
@@ -161,6 +187,7 @@ for (( round = 1; round <= rounds; round++ )); do
 done
 
 [[ ${SCALE_RETENTION:-1} == 1 ]] || exit 0
+secs=${SCALE_RETENTION_SECS:-$secs}
 database=$(database_of "$largest")
 url="postgres://$PGUSER@$PGHOST:$PGPORT/$database"
 # What follows removes keys: the database is no longer the size it was filled to.
