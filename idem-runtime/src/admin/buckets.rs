@@ -8,24 +8,7 @@ use serde::Serialize;
 use super::AdminError;
 use crate::Idem;
 use crate::retention::{PurgeReport, Retention};
-
-/// One time bucket: a partition of `idem_timed_keys` holding the keys of the facts whose
-/// time is in `[starts_at, ends_at)`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct TimeBucket {
-    /// The partition's name (`idem_timed_keys_YYYYMMDD_HHMMSS`, its start in UTC).
-    pub name: String,
-    /// The first fact time it holds.
-    pub starts_at: DateTime<Utc>,
-    /// The first fact time after it.
-    pub ends_at: DateTime<Utc>,
-    /// Its rows as the catalog estimates them (`pg_class.reltuples`, as the last
-    /// `VACUUM` or `ANALYZE` left it; nothing is counted): `None` before the first.
-    pub estimated_rows: Option<i64>,
-    /// Its size on disk with its indexes and TOAST, in bytes.
-    pub bytes: i64,
-}
+use crate::store::{BucketRange, TimeBucket};
 
 /// The time buckets of the configured schema, and how far they reach.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -65,16 +48,6 @@ pub async fn time_buckets(idem: &Idem) -> Result<TimeBuckets, AdminError> {
         bytes: buckets.iter().map(|bucket| bucket.bytes).sum(),
         buckets,
     })
-}
-
-/// The range of a time bucket that the next upkeep would make.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct BucketRange {
-    /// The first fact time it would hold.
-    pub starts_at: DateTime<Utc>,
-    /// The first fact time after it.
-    pub ends_at: DateTime<Utc>,
 }
 
 /// What a retention cleanup would do now ([`purge_plan`]), and does not.

@@ -40,13 +40,13 @@ mod migrations;
 mod scopes;
 mod stats;
 
-pub use crate::store::{KeyFilter, KeyRow};
-pub use buckets::{BucketRange, PurgePlan, TimeBucket, TimeBuckets, purge_plan, time_buckets};
+pub use crate::store::{BucketRange, KeyFilter, KeyRow, StatusCount, TimeBucket};
+pub use buckets::{PurgePlan, TimeBuckets, purge_plan, time_buckets};
 pub use fields::{FieldValue, KeyField, key_from_fields};
 pub use keys::{Change, Cursor, list_keys, release_keys, retry_keys, show_key};
 pub use migrations::{MigrationState, ensure_migrated, migration_status};
 pub use scopes::{ScopeInfo, release_scope, scopes};
-pub use stats::{OldestLease, ScopeWindow, Stats, StatusCount, stats};
+pub use stats::{OldestLease, ScopeWindow, Stats, stats};
 
 /// Why an operator's request failed.
 #[derive(Debug, thiserror::Error)]

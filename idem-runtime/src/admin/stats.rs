@@ -9,27 +9,7 @@ use uuid::Uuid;
 use super::AdminError;
 use super::buckets::{TimeBuckets, time_buckets};
 use crate::Idem;
-
-/// How many keys a scope has in a status.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct StatusCount {
-    /// The scope.
-    pub scope: String,
-    /// The status.
-    pub status: String,
-    /// Keys of the scope in the status.
-    pub count: i64,
-    /// The oldest last change among them.
-    pub oldest: DateTime<Utc>,
-    /// The keys are kept by their fact's time, in the time buckets (their handler
-    /// declares `event_time`).
-    pub timed: bool,
-    /// Keys kept by their fact's time: the oldest fact among them.
-    pub oldest_fact: Option<DateTime<Utc>>,
-    /// Keys kept by their fact's time: the newest fact among them.
-    pub newest_fact: Option<DateTime<Utc>>,
-}
+use crate::store::StatusCount;
 
 /// The lease in progress that was taken longest ago.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

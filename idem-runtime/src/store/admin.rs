@@ -12,7 +12,55 @@ use sqlx::{FromRow, PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::{Statements, Status, Value, millis};
-use crate::admin::{BucketRange, StatusCount, TimeBucket};
+
+/// How many keys a scope has in a status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StatusCount {
+    /// The scope.
+    pub scope: String,
+    /// The status.
+    pub status: String,
+    /// Keys of the scope in the status.
+    pub count: i64,
+    /// The oldest last change among them.
+    pub oldest: DateTime<Utc>,
+    /// The keys are kept by their fact's time, in the time buckets (their handler
+    /// declares `event_time`).
+    pub timed: bool,
+    /// Keys kept by their fact's time: the oldest fact among them.
+    pub oldest_fact: Option<DateTime<Utc>>,
+    /// Keys kept by their fact's time: the newest fact among them.
+    pub newest_fact: Option<DateTime<Utc>>,
+}
+
+/// One time bucket: a partition of `idem_timed_keys` holding the keys of the facts whose
+/// time is in `[starts_at, ends_at)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct TimeBucket {
+    /// The partition's name (`idem_timed_keys_YYYYMMDD_HHMMSS`, its start in UTC).
+    pub name: String,
+    /// The first fact time it holds.
+    pub starts_at: DateTime<Utc>,
+    /// The first fact time after it.
+    pub ends_at: DateTime<Utc>,
+    /// Its rows as the catalog estimates them (`pg_class.reltuples`, as the last
+    /// `VACUUM` or `ANALYZE` left it; nothing is counted): `None` before the first.
+    pub estimated_rows: Option<i64>,
+    /// Its size on disk with its indexes and TOAST, in bytes.
+    pub bytes: i64,
+}
+
+/// The range of a time bucket that the next upkeep would make.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct BucketRange {
+    /// The first fact time it would hold.
+    pub starts_at: DateTime<Utc>,
+    /// The first fact time after it.
+    pub ends_at: DateTime<Utc>,
+}
 
 /// A row of the status table, or of the time-bucketed table for the keys of handlers with
 /// `event_time` (then with its [`fact_time`](Self::fact_time)), for operators: everything

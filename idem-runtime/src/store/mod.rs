@@ -29,7 +29,7 @@ mod testing;
 mod timed;
 
 pub(crate) use admin::KeyChange;
-pub use admin::{KeyFilter, KeyRow};
+pub use admin::{BucketRange, KeyFilter, KeyRow, StatusCount, TimeBucket};
 pub(crate) use delivery::{Claim, ClaimedKey, KeyAt};
 pub(crate) use grants::consumer_grants;
 pub(crate) use lease::{LeaseClaim, LeaseKey};
