@@ -22,6 +22,9 @@ const PATIENCE: Duration = Duration::from_secs(30);
 #[error("the mail service refused the message")]
 struct Refused;
 
+/// Each body's run: the order, the worker and the lease's token.
+type Calls = Arc<Mutex<Vec<(String, &'static str, Uuid)>>>;
+
 /// One worker's delivery of a notification of `order_id` at `at`.
 #[derive(Clone)]
 struct Job {
@@ -29,7 +32,7 @@ struct Job {
     at: DateTime<Utc>,
     worker: &'static str,
     /// Each body's run: the worker and the lease's token.
-    calls: Arc<Mutex<Vec<(String, &'static str, Uuid)>>>,
+    calls: Calls,
     /// Where the worker stalls until released.
     stalls_at: Option<Checkpoint>,
     fails: bool,
