@@ -25,18 +25,10 @@ impl Window {
     /// The window of the handler's scope, as a delivery of one message takes it: the
     /// scope's own on this handle, then the one the handler declares, then the default.
     pub(super) fn of(idem: &Idem, spec: &HandlerSpec) -> Self {
-        let retention = idem.config().retention();
-        let window = retention
-            .scope_windows()
-            .find(|(scope, _)| *scope == spec.scope)
-            .map(|(_, window)| window)
-            .or(spec.retention)
-            .unwrap_or(retention.window());
-        let ms =
-            |duration: std::time::Duration| i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+        let window = crate::transactional::fact_window(idem, spec, Utc::now());
         Window {
-            window_ms: ms(window),
-            ahead_ms: ms(retention.future_bound_duration()),
+            window_ms: window.window_ms,
+            ahead_ms: window.ahead_ms,
         }
     }
 }
