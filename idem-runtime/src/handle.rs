@@ -138,7 +138,8 @@ impl Idem {
     }
 
     /// Counts, per scope, the keys that [`purge_with`](Self::purge_with) would delete now,
-    /// and deletes nothing.
+    /// and the time buckets it would make ahead and drop; changes nothing
+    /// ([`admin::purge_plan`](crate::admin::purge_plan) names those buckets).
     pub async fn purge_dry_run(
         &self,
         retention: &crate::retention::Retention,

@@ -107,7 +107,7 @@ use sqlx::PgConnection;
 use crate::Idem;
 use crate::config::Pooler;
 pub use crate::config::retention::{DEFAULT_WINDOW, LONGEST, Retention};
-use crate::store::Windows;
+use crate::store::{BucketRange, TimeBucket, Windows};
 
 /// What one cleanup did (or, from [`Idem::purge_dry_run`], would do).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -254,15 +254,33 @@ pub(crate) async fn dry_run(
     idem: &Idem,
     retention: &Retention,
 ) -> Result<PurgeReport, sqlx::Error> {
+    Ok(plan(idem, retention).await?.0)
+}
+
+/// What a cleanup with `retention` would do now: the report of a dry run (the keys it
+/// would delete, and how many buckets it would make and drop), with the buckets it would
+/// make ahead and those it would drop.
+pub(crate) async fn plan(
+    idem: &Idem,
+    retention: &Retention,
+) -> Result<(PurgeReport, Vec<BucketRange>, Vec<TimeBucket>), sqlx::Error> {
     let started = Instant::now();
     let windows = Windows::of(retention);
-    let rows = idem
-        .statements()
-        .count_expired(idem.pool(), &windows)
+    let statements = idem.statements();
+    let rows = statements.count_expired(idem.pool(), &windows).await?;
+    let (to_make, to_drop) = statements
+        .bucket_plan(
+            idem.pool(),
+            retention.bucket_width_duration(),
+            retention.future_bound_duration(),
+            retention.longest_window(),
+        )
         .await?;
     let mut report = PurgeReport {
         dry_run: true,
         finished: true,
+        buckets_made: to_make.len() as u64,
+        buckets_dropped: to_drop.len() as u64,
         ..PurgeReport::default()
     };
     for (scope, count) in rows {
@@ -271,7 +289,7 @@ pub(crate) async fn dry_run(
         report.by_scope.insert(scope, count);
     }
     report.elapsed_ms = elapsed_ms(started);
-    Ok(report)
+    Ok((report, to_make, to_drop))
 }
 
 fn elapsed_ms(started: Instant) -> u64 {

@@ -137,10 +137,7 @@ pub(crate) async fn upkeep(idem: &Idem, retention: &Retention) -> Result<Upkeep,
     let made = statements
         .prepare_buckets(idem.pool(), width, retention.future_bound_duration())
         .await?;
-    let longest = retention
-        .scope_windows()
-        .map(|(_, window)| window)
-        .fold(retention.window(), Duration::max);
+    let longest = retention.longest_window();
     let mut dropped = 0;
     loop {
         match statements

@@ -379,6 +379,10 @@ async fn the_purge_plan_names_the_buckets_the_upkeep_then_makes_and_drops(pool: 
         );
     }
     assert_eq!(plan.report.buckets_made, plan.buckets_to_make.len() as u64);
+    // The dry run of the handle counts what the plan names.
+    let counted = idem.purge_dry_run(&week).await.unwrap();
+    assert_eq!(counted.buckets_made, plan.report.buckets_made);
+    assert_eq!(counted.buckets_dropped, 0);
     let report = idem.purge_with(&week).await.unwrap();
     assert_eq!(report.buckets_made, plan.buckets_to_make.len() as u64);
     assert_eq!(report.buckets_dropped, 0);
@@ -429,6 +433,7 @@ async fn the_purge_plan_names_the_buckets_the_upkeep_then_makes_and_drops(pool: 
     assert!(bucket.starts_at <= parked.taken_at && parked.taken_at < bucket.ends_at);
     assert!(plan.buckets_to_make.is_empty());
     assert_eq!(plan.report.buckets_dropped, 1);
+    assert_eq!(idem.purge_dry_run(&day).await.unwrap().buckets_dropped, 1);
     let report = idem.purge_with(&day).await.unwrap();
     assert_eq!(report.buckets_dropped, 1);
     let after_drop = admin::time_buckets(&idem).await.unwrap();

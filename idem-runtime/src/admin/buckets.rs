@@ -72,22 +72,8 @@ pub struct PurgePlan {
 /// [`Retention::bucket_width`], where missing) and those it would drop (whose facts are
 /// all older than the longest of the window and the scopes' declared windows).
 pub async fn purge_plan(idem: &Idem, retention: &Retention) -> Result<PurgePlan, AdminError> {
-    let mut report = idem.purge_dry_run(retention).await?;
-    let longest = retention
-        .scope_windows()
-        .map(|(_, window)| window)
-        .fold(retention.window(), std::time::Duration::max);
-    let (buckets_to_make, buckets_to_drop) = idem
-        .statements()
-        .bucket_plan(
-            idem.pool(),
-            retention.bucket_width_duration(),
-            retention.future_bound_duration(),
-            longest,
-        )
-        .await?;
-    report.buckets_made = buckets_to_make.len() as u64;
-    report.buckets_dropped = buckets_to_drop.len() as u64;
+    let (report, buckets_to_make, buckets_to_drop) =
+        crate::retention::plan(idem, retention).await?;
     Ok(PurgePlan {
         report,
         buckets_to_make,

@@ -157,6 +157,16 @@ impl Retention {
             .map(|(scope, window)| (scope.as_str(), *window))
     }
 
+    /// The longest of the default window and the scopes' own: how old a time bucket's
+    /// facts must all be before it expires (the scopes' windows declared by their handlers
+    /// are the database's to add).
+    pub(crate) fn longest_window(&self) -> Duration {
+        self.scopes
+            .values()
+            .copied()
+            .fold(self.window, Duration::max)
+    }
+
     /// The interval of the background task.
     pub fn interval_duration(&self) -> Duration {
         self.interval
