@@ -410,3 +410,127 @@ async fn assert_survives_refuses_a_fault_its_delivery_never_reaches(pool: PgPool
     })
     .await;
 }
+
+// Handlers whose keys are kept by the fact's time (`event_time`): the kit finds their keys
+// in the time buckets as it finds the others' in the status table.
+
+/// An order event that carries its time.
+#[derive(Debug, Clone)]
+struct TimedOrderEvent {
+    order_id: String,
+    occurred_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The payment of `order_id` at `occurred_at`: a redelivery carries the same time.
+fn paid_at(order_id: &str, occurred_at: chrono::DateTime<chrono::Utc>) -> TimedOrderEvent {
+    TimedOrderEvent {
+        order_id: order_id.to_owned(),
+        occurred_at,
+    }
+}
+
+/// The lease-mode handler, its keys kept by the fact's time.
+#[idempotent(
+    key = "order_id, occurred_at",
+    event_time = "occurred_at",
+    mode = "lease",
+    lease = "1s"
+)]
+async fn send_timed_receipt(
+    lease: &Lease,
+    event: &TimedOrderEvent,
+    mailer: &Mailer,
+) -> Result<(), MailError> {
+    mailer.send(&event.order_id, lease.key()).await?;
+    Ok(())
+}
+
+/// The transaction-mode handler, its keys kept by the fact's time.
+#[idempotent(key = "order_id, occurred_at", event_time = "occurred_at")]
+async fn apply_timed_payment(
+    tx: &mut PgConnection,
+    event: &TimedOrderEvent,
+) -> Result<(), PaymentError> {
+    sqlx::query("INSERT INTO payments (order_id, cents) VALUES ($1, 4200)")
+        .bind(&event.order_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+#[sqlx::test(migrations = "tests/testing_kit/migrations")]
+async fn a_timed_payment_survives_drops_at_every_await_point(pool: PgPool) {
+    let idem = &testing::idem(pool).await;
+    let at = chrono::Utc::now();
+    let drops = testing::assert_survives_drops(idem, &payments(), |n| async move {
+        apply_timed_payment(idem, &paid_at(&format!("o-timed-drop-{n}"), at)).await
+    })
+    .await;
+    assert!(drops.dropped > 0, "{drops:?}");
+}
+
+#[sqlx::test(migrations = "tests/testing_kit/migrations")]
+async fn a_timed_receipt_survives_an_abandoned_lease(pool: PgPool) {
+    let mailer = Mailer {
+        pool: pool.clone(),
+        deduplicates: true,
+    };
+    let idem = testing::idem(pool).await;
+    let event = paid_at("o-timed-abandoned", chrono::Utc::now());
+    testing::assert_survives(&idem, Fault::AbandonLease, &receipts(), || {
+        send_timed_receipt(&idem, &event, &mailer)
+    })
+    .await;
+}
+
+#[sqlx::test(migrations = "tests/testing_kit/migrations")]
+async fn a_timed_receipt_survives_drops_at_every_await_point(pool: PgPool) {
+    let mailer = &Mailer {
+        pool: pool.clone(),
+        deduplicates: true,
+    };
+    let idem = &testing::idem(pool).await;
+    let at = chrono::Utc::now();
+    let drops = testing::assert_survives_drops(idem, &receipts(), |n| async move {
+        send_timed_receipt(
+            idem,
+            &paid_at(&format!("o-timed-receipt-drop-{n}"), at),
+            mailer,
+        )
+        .await
+    })
+    .await;
+    assert!(drops.dropped > 0, "{drops:?}");
+}
+
+#[sqlx::test(migrations = "tests/testing_kit/migrations")]
+async fn wait_for_lease_expiry_finds_a_timed_key(pool: PgPool) {
+    let mailer = Mailer {
+        pool: pool.clone(),
+        deduplicates: true,
+    };
+    let idem = testing::idem(pool).await;
+    let event = paid_at("o-timed-expiry", chrono::Utc::now());
+    let injection = testing::inject(&idem, Fault::AbandonLease);
+    let abandoned = send_timed_receipt(&idem, &event, &mailer).await;
+    assert!(injection.disarm(), "the lease was abandoned: {abandoned:?}");
+    let key = send_timed_receipt_key(&event).unwrap();
+    testing::wait_for_lease_expiry(&idem, key.scope(), key.key()).await;
+    let again = send_timed_receipt(&idem, &event, &mailer).await;
+    assert!(matches!(again, Ok(Outcome::Executed(()))), "{again:?}");
+}
+
+#[sqlx::test(migrations = "tests/testing_kit/migrations")]
+#[should_panic(expected = "expected exactly one more effect")]
+async fn assert_survives_catches_a_timed_lease_effect_sent_without_its_key(pool: PgPool) {
+    let mailer = Mailer {
+        pool: pool.clone(),
+        deduplicates: false,
+    };
+    let idem = testing::idem(pool).await;
+    let event = paid_at("o-timed-no-key", chrono::Utc::now());
+    testing::assert_survives(&idem, Fault::AbandonLeaseAfterBody, &receipts(), || {
+        send_timed_receipt(&idem, &event, &mailer)
+    })
+    .await;
+}

@@ -512,7 +512,7 @@ impl Statements {
     }
 
     /// `name` in the configured schema.
-    fn in_schema(&self, name: &str) -> String {
+    pub(super) fn in_schema(&self, name: &str) -> String {
         let schema = self
             .table
             .strip_suffix(".idem_keys")

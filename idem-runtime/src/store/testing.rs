@@ -20,7 +20,7 @@ pub(crate) type SnapshotRow = (
 );
 
 impl Statements {
-    /// Every committed row of the status table.
+    /// Every committed row of the status table and of the time buckets.
     pub(crate) async fn snapshot_rows(
         &self,
         pool: &PgPool,
@@ -28,8 +28,12 @@ impl Statements {
         self.query(
             &format!(
                 "SELECT scope, key, status, attempts, updated_at, lease_owner, result::text AS result \
+                 FROM {} \
+                 UNION ALL \
+                 SELECT scope, key, status, attempts, updated_at, lease_owner, result::text AS result \
                  FROM {}",
-                self.table
+                self.table,
+                self.in_schema("idem_timed_keys")
             ),
             &[],
         )
@@ -38,7 +42,8 @@ impl Statements {
     }
 
     /// The status of `key` in `scope` and whether its lease has expired on the database's
-    /// clock (`None`: the row holds no lease); `None` without a row.
+    /// clock (`None`: the row holds no lease); `None` without a row. In the status table or
+    /// in the time buckets (a timed key's digest holds its fact's time: one row at most).
     pub(crate) async fn lease_state(
         &self,
         pool: &PgPool,
@@ -47,8 +52,12 @@ impl Statements {
     ) -> Result<Option<(String, Option<bool>)>, sqlx::Error> {
         self.query(
             &format!(
-                "SELECT status, lease_expires_at <= now() FROM {} WHERE scope = $1 AND key = $2",
-                self.table
+                "SELECT status, lease_expires_at <= now() FROM {} WHERE scope = $1 AND key = $2 \
+                 UNION ALL \
+                 SELECT status, lease_expires_at <= now() FROM {} WHERE scope = $1 AND key = $2 \
+                 LIMIT 1",
+                self.table,
+                self.in_schema("idem_timed_keys")
             ),
             &[scope.into(), key.into()],
         )

@@ -159,8 +159,9 @@ pub async fn count_rows(pool: &PgPool, table: &str) -> i64 {
         .unwrap_or_else(|error| panic!("count the rows of {table}: {error}"))
 }
 
-/// Lease mode: waits until the lease on `key` in `scope` (in the status table of `idem`)
-/// has expired on the database's clock, the clock the protocol compares expiries with.
+/// Lease mode: waits until the lease on `key` in `scope` (in the status table of `idem`,
+/// or in its time buckets for a handler with `event_time`) has expired on the database's
+/// clock, the clock the protocol compares expiries with.
 ///
 /// ```no_run
 /// # async fn test(idem: idem_runtime::Idem, key: idem_runtime::IdempotencyKey) {

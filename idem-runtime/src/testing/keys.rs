@@ -1,5 +1,6 @@
-//! What the deliveries under test did to the status table: the keys whose rows appeared
-//! or changed between two snapshots.
+//! What the deliveries under test did to the status table (and to the time buckets of
+//! handlers with `event_time`): the keys whose rows appeared or changed between two
+//! snapshots.
 
 use std::collections::HashMap;
 
@@ -44,7 +45,7 @@ impl std::fmt::Display for TouchedKey {
 }
 
 impl KeySnapshot {
-    /// The committed rows of the status table of `idem` now.
+    /// The committed rows of the status table of `idem` and of its time buckets now.
     ///
     /// # Panics
     ///
