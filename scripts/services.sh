@@ -53,6 +53,9 @@
 #   PROMETHEUS_PORT    the first port the private Prometheus may take (default 9090)
 #   PROMETHEUS_TARGETS what it scrapes, host:port[,host:port...] (/metrics of each)
 #   PROMETHEUS_RULES   rule files it evaluates, path[,path...]
+#   IDEM_KAFKA_FRESH=1 a tansu that this script started is restarted on empty storage
+#                      (test.sh sets it: the broker's storage of earlier runs slows it
+#                      down; a demo consuming from it meanwhile loses its topic)
 #   IDEM_NO_INSTALL=1  fail with the command to run instead of installing what is missing
 #                      (tansu, PostgreSQL's or Redis's server programs, pgbouncer,
 #                      prometheus)
@@ -91,6 +94,14 @@ port_open() { # host port
 wait_port() { # host port seconds
     local deadline=$((SECONDS + $3))
     until port_open "$1" "$2"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.2
+    done
+}
+
+wait_port_closed() { # host port seconds
+    local deadline=$((SECONDS + $3))
+    while port_open "$1" "$2"; do
         ((SECONDS < deadline)) || return 1
         sleep 0.2
     done
@@ -860,10 +871,30 @@ $(tail -n 20 "$STATE_DIR/tansu-install.log")"
     flock -u 9
 }
 
+# The pid of the tansu this script started, when it still runs; nothing otherwise.
+own_tansu() {
+    local pid
+    pid=$(cat "$STATE_DIR/tansu.pid" 2>/dev/null || true)
+    if [[ -f $STATE_DIR/kafka.started && -n $pid ]] && grep -q tansu "/proc/$pid/cmdline" 2>/dev/null; then
+        printf '%s\n' "$pid"
+    fi
+}
+
 start_kafka() {
     if port_open 127.0.0.1 "$KAFKA_PORT"; then
-        say "kafka: a broker is running at 127.0.0.1:$KAFKA_PORT (reused)"
-        return
+        local own
+        own=$(own_tansu)
+        if [[ ${IDEM_KAFKA_FRESH:-0} != 1 || -z $own ]]; then
+            say "kafka: a broker is running at 127.0.0.1:$KAFKA_PORT (reused)"
+            return
+        fi
+        # A test run starts on empty storage: the sqlite storage of a broker that served
+        # many runs grows, and its requests slow down (the tests' topics are their own).
+        kill "$own"
+        wait_gone "$own" 30 || fail "tansu (pid $own) did not stop within 30 s"
+        wait_port_closed 127.0.0.1 "$KAFKA_PORT" 30 || fail "port $KAFKA_PORT stayed taken after tansu stopped"
+        rm -f "$STATE_DIR/kafka.started" "$STATE_DIR/tansu.pid" "$STATE_DIR"/tansu/tansu.db*
+        say "kafka: stopped tansu (pid $own) to start it again on empty storage"
     fi
     local tansu
     tansu=$(find_tansu) || {

@@ -19,7 +19,10 @@ done
 # DATABASE_URL and REDIS_URL of the servers in use (those of private ones, when started),
 # and IDEM_PGBOUNCER_SESSION_URL / IDEM_PGBOUNCER_TRANSACTION_URL: PgBouncer in front of
 # that PostgreSQL, in session and in transaction pool mode.
-exports=$(scripts/services.sh up --print-env postgres redis kafka pgbouncer)
+# The broker this script started earlier starts again on empty storage (IDEM_KAFKA_FRESH):
+# its storage grows with every run, and a broker on a large one is slow enough to fail
+# the Kafka tests' waits.
+exports=$(IDEM_KAFKA_FRESH=1 scripts/services.sh up --print-env postgres redis kafka pgbouncer)
 eval "$exports"
 cargo test --workspace --all-features "$@"
 # The examples as a team copies them: built outside the workspace from the dependency
