@@ -19,6 +19,9 @@ pub(crate) struct ClaimedKey<'a> {
     pub body_lock_timeout: &'a str,
     /// Where the key is kept by its fact's time: the time and its window.
     pub time: Option<FactWindow>,
+    /// Whether the claim reads the row in its way in the same statement (duplicates are
+    /// not rare in the scope), or inserts alone.
+    pub read_in_the_way: bool,
 }
 
 /// A key's row: its scope, its key, and its fact's time where the key is kept by it.
@@ -60,6 +63,7 @@ pub(super) struct Sql {
     check: String,
     commit_only: String,
     claim: String,
+    claim_reading: String,
     takeover: String,
     read: String,
     record_failure: String,
@@ -88,18 +92,26 @@ impl Sql {
         // multi-statement query, like every statement in an aborted transaction. Opening
         // it costs no plan, no snapshot and no write; `COMMIT` ends it with the rest.
         let check = "SAVEPOINT idem_commit_check".to_owned();
+        let insert = format!(
+            "INSERT INTO {table} AS k (scope, key, status, attempts, fingerprint) \
+             VALUES ($1, $2, 'success', 1, $3) \
+             ON CONFLICT (scope, key) DO NOTHING"
+        );
+        let returning = "RETURNING pg_current_xact_id()::text::bigint AS xid, \
+                         set_config('lock_timeout', $4, true) AS restored";
         Sql {
             commit_only: format!("{check}; COMMIT"),
             check,
             // The common case, a new key, is one insert. No row back: a row is in the way
             // (or was committed while this statement waited behind it), which the
             // takeover statement then reads.
-            claim: format!(
-                "INSERT INTO {table} AS k (scope, key, status, attempts, fingerprint) \
-                 VALUES ($1, $2, 'success', 1, $3) \
-                 ON CONFLICT (scope, key) DO NOTHING \
-                 RETURNING pg_current_xact_id()::text::bigint AS xid, \
-                           set_config('lock_timeout', $4, true) AS restored"
+            claim: format!("{insert} {returning}"),
+            // Where duplicates are not rare: a duplicate is answered by the claim, which
+            // reads the row in the way with its snapshot. No row back: that row was
+            // committed while the statement waited behind it (its snapshot is older).
+            claim_reading: format!(
+                "WITH inserted AS ({insert} {returning}) {}",
+                in_the_way("inserted")
             ),
             // A `failed` key with the same payload is taken over under its row lock; a
             // fingerprint first given now is recorded.
@@ -191,17 +203,21 @@ fn joined(lock_timeout: &str, statements: &[String]) -> String {
 }
 
 impl Statements {
-    /// Claims `key` in the caller's transaction: inserts it, or answers
-    /// [`Claim::Again`] when a row is in the way. A claim that wins sets the lock timeout
-    /// to `body_lock_timeout` for the body.
+    /// Claims `key` in the caller's transaction: inserts it, or answers [`Claim::Again`]
+    /// when a row is in the way, unless the claim reads that row in the same statement
+    /// ([`ClaimedKey::read_in_the_way`]; [`Claim::Again`] then when the row is not in the
+    /// statement's snapshot). A claim that wins sets the lock timeout to
+    /// `body_lock_timeout` for the body.
     pub(crate) async fn claim(
         &self,
         conn: &mut PgConnection,
         key: ClaimedKey<'_>,
     ) -> Result<Claim, sqlx::Error> {
-        let statement = match key.time {
-            Some(_) => &self.timed.claim,
-            None => &self.delivery.claim,
+        let statement = match (key.time, key.read_in_the_way) {
+            (Some(_), false) => &self.timed.claim,
+            (Some(_), true) => &self.timed.claim_reading,
+            (None, false) => &self.delivery.claim,
+            (None, true) => &self.delivery.claim_reading,
         };
         self.claim_with(statement, conn, key).await
     }

@@ -39,6 +39,7 @@ pub(crate) enum Bucket {
 pub(super) struct Sql {
     pub(super) table: String,
     pub(super) claim: String,
+    pub(super) claim_reading: String,
     pub(super) takeover: String,
     pub(super) read: String,
     pub(super) record_failure: String,
@@ -57,22 +58,40 @@ impl Sql {
         let in_window = "($5::timestamptz >= now() - $6::bigint * interval '1 millisecond' \
                           AND $5::timestamptz < now() + $7::bigint * interval '1 millisecond')";
         let row = "k.scope = $1 AND k.key = $2 AND k.fact_time = $5";
+        // What a claim or a takeover answers when it wrote nothing (`claimed` is empty):
+        // the row in the way, with whether the fact is inside its window; without one, a
+        // row saying that the fact is outside its window, if it is.
+        let in_the_way = format!(
+            "SELECT {CLAIM_COLUMNS}, true AS in_window FROM claimed \
+             UNION ALL \
+             SELECT NULL, k.status, k.attempts, k.fingerprint, k.result, k.last_error, {in_window} \
+             FROM {table} AS k WHERE {row} AND NOT EXISTS (SELECT FROM claimed) \
+             UNION ALL \
+             SELECT NULL, NULL, NULL, NULL, NULL, NULL, false \
+             WHERE NOT {in_window} AND NOT EXISTS (SELECT FROM claimed) \
+               AND NOT EXISTS (SELECT FROM {table} AS k WHERE {row})"
+        );
+        let insert = format!(
+            "INSERT INTO {table} AS k (scope, key, fact_time, status, attempts, fingerprint) \
+             SELECT $1::text, $2::uuid, $5::timestamptz, 'success', 1, $3::bytea \
+             WHERE {in_window} \
+             ON CONFLICT (scope, key, fact_time) DO NOTHING"
+        );
+        let returning = "RETURNING pg_current_xact_id()::text::bigint AS xid, \
+                         set_config('lock_timeout', $4, true) AS restored";
         Sql {
             // A new key inside its window is one insert into its fact's bucket; outside
             // the window nothing is inserted, and the takeover statement says why. A
             // bucket that does not exist fails the insert (23514), which the caller
             // answers by making it.
-            claim: format!(
-                "INSERT INTO {table} AS k (scope, key, fact_time, status, attempts, fingerprint) \
-                 SELECT $1::text, $2::uuid, $5::timestamptz, 'success', 1, $3::bytea \
-                 WHERE {in_window} \
-                 ON CONFLICT (scope, key, fact_time) DO NOTHING \
-                 RETURNING pg_current_xact_id()::text::bigint AS xid, \
-                           set_config('lock_timeout', $4, true) AS restored"
-            ),
+            claim: format!("{insert} {returning}"),
+            // Where duplicates are not rare: the same insert, and a duplicate (or a fact
+            // outside its window) answered by the same statement, as the takeover
+            // answers it. No row back: the row in the way was committed while the
+            // statement waited behind it, which the takeover then reads.
+            claim_reading: format!("WITH claimed AS ({insert} {returning}) {in_the_way}"),
             // As the status table's: a `failed` key is taken over under its row lock, and
-            // the row in the way is read otherwise; with whether the fact is inside its
-            // window, and a row saying it is not when there is no row at all.
+            // the row in the way is read otherwise, as the claim reads it.
             takeover: format!(
                 "WITH claimed AS ( \
                     UPDATE {table} AS k \
@@ -80,16 +99,7 @@ impl Sql {
                         fingerprint = coalesce(k.fingerprint, $3) \
                     WHERE {row} AND k.status = 'failed' AND {in_window} \
                       AND ($3::bytea IS NULL OR k.fingerprint IS NULL OR k.fingerprint = $3) \
-                    RETURNING pg_current_xact_id()::text::bigint AS xid, \
-                              set_config('lock_timeout', $4, true) AS restored) \
-                 SELECT {CLAIM_COLUMNS}, true AS in_window FROM claimed \
-                 UNION ALL \
-                 SELECT NULL, k.status, k.attempts, k.fingerprint, k.result, k.last_error, {in_window} \
-                 FROM {table} AS k WHERE {row} AND NOT EXISTS (SELECT FROM claimed) \
-                 UNION ALL \
-                 SELECT NULL, NULL, NULL, NULL, NULL, NULL, false \
-                 WHERE NOT {in_window} AND NOT EXISTS (SELECT FROM claimed) \
-                   AND NOT EXISTS (SELECT FROM {table} AS k WHERE {row})"
+                    {returning}) {in_the_way}"
             ),
             // `$5` is the fact's time in every statement that names one row.
             read: format!(

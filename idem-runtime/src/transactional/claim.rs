@@ -321,6 +321,7 @@ async fn claim(
         fingerprint,
         body_lock_timeout,
         time,
+        read_in_the_way: idem.duplicate_rates().read_in_claim(scope),
     };
     let mut claim = statements.claim(conn, claimed).await?;
     // Each turn reads with a new snapshot; a row that keeps changing under it belongs to

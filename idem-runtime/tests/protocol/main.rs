@@ -17,6 +17,7 @@ mod batch_keys_kept_by_time_refuse_a_fact_outside_its_window_alone;
 mod batch_keys_kept_by_time_straddle_a_bucket_boundary;
 mod batch_previous_keys_in_time_buckets;
 mod batch_smoke;
+mod claim_reads_the_row_in_its_way_where_duplicates_are_common;
 mod concurrent_deliveries_execute_once;
 mod dropped_future_leaves_no_claim;
 mod dropped_mid_statement_holds_claim_until_it_ends;
