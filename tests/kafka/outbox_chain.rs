@@ -6,12 +6,14 @@
 //! it sent (its records are published again by the relay that takes its shards over), and
 //! every backend of the database is killed three times. At the end every fact has one row
 //! of handler 1 and exactly its two rows of handler 2, in order per Kafka key, and the
-//! outbox is drained.
+//! outbox is drained. Both hops keep their keys by the fact's time (`event_time`), the
+//! second by the time that the records carry.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use chrono::{DateTime, TimeDelta, Utc};
 use idem_demo::kafka::admin;
 use idem_demo::kafka::producer::create_producer;
 use idem_kafka::outbox::{self, Record, Relay};
@@ -33,6 +35,8 @@ struct Fact {
     fact_id: String,
     account: String,
     seq: i64,
+    /// When the fact happened: the same in every send of the fact.
+    occurred_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,11 +45,21 @@ struct Outgoing {
     account: String,
     seq: i64,
     kind: String,
+    /// The fact's time, for the next hop to keep its keys by.
+    occurred_at: DateTime<Utc>,
 }
 
+/// The time of the facts of this test process: the facts' times are a microsecond apart
+/// from it.
+static FACTS_FROM: LazyLock<DateTime<Utc>> = LazyLock::new(Utc::now);
+
 /// Handler 1: the fact's row, and a receipt and a stock reservation for topic B, keyed by
-/// account, in the claim's transaction.
-#[idempotent(key = "fact_id", scope = "chain.apply_fact")]
+/// account, in the claim's transaction. Its keys are kept by the fact's time.
+#[idempotent(
+    key = "fact_id, occurred_at",
+    event_time = "occurred_at",
+    scope = "chain.apply_fact"
+)]
 async fn apply_fact(tx: &mut PgConnection, fact: &Fact, topic_b: &str) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO chain_applied (fact_id, account, seq) VALUES ($1, $2, $3)")
         .bind(&fact.fact_id)
@@ -59,6 +73,7 @@ async fn apply_fact(tx: &mut PgConnection, fact: &Fact, topic_b: &str) -> Result
             account: fact.account.clone(),
             seq: fact.seq,
             kind: kind.to_owned(),
+            occurred_at: fact.occurred_at,
         };
         Record::to(topic_b).name(kind).key(&fact.account).json(&out)
     };
@@ -66,8 +81,13 @@ async fn apply_fact(tx: &mut PgConnection, fact: &Fact, topic_b: &str) -> Result
     Ok(())
 }
 
-/// Handler 2: one row per outgoing record, however often it arrives.
-#[idempotent(key = "idem_key", scope = "chain.receive")]
+/// Handler 2: one row per outgoing record, however often it arrives; its keys kept by the
+/// first fact's time, which the record carries.
+#[idempotent(
+    key = "idem_key, message.occurred_at",
+    event_time = "message.occurred_at",
+    scope = "chain.receive"
+)]
 async fn receive(tx: &mut PgConnection, out: &Keyed<Outgoing>) -> Result<(), sqlx::Error> {
     sqlx::query(
         "INSERT INTO chain_received (idem_key, fact_id, account, seq, kind) VALUES ($1, $2, $3, $4, $5)",
@@ -113,6 +133,7 @@ impl Handler for Receipts {
 
 fn fact(index: usize) -> Fact {
     Fact {
+        occurred_at: *FACTS_FROM + TimeDelta::microseconds(index as i64),
         fact_id: format!("fact-{index}"),
         account: format!("account-{}", index % ACCOUNTS),
         seq: index as i64,
@@ -355,6 +376,25 @@ async fn every_fact_reaches_the_second_hop_once_in_order_through_kills(pool: PgP
         2 * FACTS as i64,
         "two rows of handler 2 per fact"
     );
+    // Both hops kept their keys by the fact's time: in the time buckets, none in the
+    // status table.
+    let keys = |table: &str, scope: &str| {
+        let sql = format!(
+            "SELECT count(*) FROM idem.{table} WHERE scope = '{scope}' AND status = 'success'"
+        );
+        let pool = pool.clone();
+        async move { count(&pool, &sql).await }
+    };
+    assert_eq!(
+        keys("idem_timed_keys", "chain.apply_fact").await,
+        FACTS as i64
+    );
+    assert_eq!(
+        keys("idem_timed_keys", "chain.receive").await,
+        2 * FACTS as i64
+    );
+    assert_eq!(keys("idem_keys", "chain.apply_fact").await, 0);
+    assert_eq!(keys("idem_keys", "chain.receive").await, 0);
     // In order per Kafka key (account) and record name.
     let rows: Vec<(String, String, i64)> =
         sqlx::query_as("SELECT account, kind, seq FROM chain_received ORDER BY id")
@@ -479,6 +519,7 @@ async fn a_rolled_back_body_publishes_nothing_and_a_dead_record_is_parked_alone(
             fact_id: format!("failing-{seq}"),
             account: "a".to_owned(),
             seq,
+            occurred_at: *FACTS_FROM,
         };
         assert!(fails_after_send(idem, &fact, &harness.topic).await.is_err());
     }
@@ -492,6 +533,7 @@ async fn a_rolled_back_body_publishes_nothing_and_a_dead_record_is_parked_alone(
             fact_id: id.to_owned(),
             account: account.to_owned(),
             seq: 0,
+            occurred_at: *FACTS_FROM,
         };
         async move { send_payload(idem, &fact, topic, bytes).await.unwrap() }
     };
