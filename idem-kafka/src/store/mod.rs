@@ -69,39 +69,70 @@ pub(crate) async fn store_positions(
     if positions.is_empty() {
         return Ok(());
     }
-    let topics: Vec<&str> = positions.iter().map(|row| row.topic.as_str()).collect();
-    let partitions: Vec<i32> = positions.iter().map(|row| row.partition).collect();
-    let offsets: Vec<i64> = positions.iter().map(|row| row.next_offset).collect();
-    let floors: Vec<i64> = positions.iter().map(|row| row.floor).collect();
     let table = offsets_table(schema);
     // Nothing is written where the floor says a row was committed and there is none, nor
     // where the row is below the floor: such rows are not returned, and the statement
     // writes nothing for them even outside a transaction (autocommit).
-    let written: Vec<(String, i32)> = sqlx::query_as(&format!(
-        "INSERT INTO {table} AS o (consumer_group, topic, kafka_partition, next_offset)
-         SELECT $1, topic, kafka_partition, next_offset
-         FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[])
-             AS p(topic, kafka_partition, next_offset, floor)
-         WHERE p.floor <= 0 OR EXISTS (
-             SELECT 1 FROM {table} AS s
-             WHERE s.consumer_group = $1 AND s.topic = p.topic AND s.kafka_partition = p.kafka_partition)
-         ORDER BY topic, kafka_partition
-         ON CONFLICT (consumer_group, topic, kafka_partition) DO UPDATE
-         SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset),
-             updated_at = now()
-         WHERE o.next_offset >= (
-             SELECT f.floor FROM unnest($2::text[], $3::int[], $5::bigint[]) AS f(topic, kafka_partition, floor)
-             WHERE f.topic = o.topic AND f.kafka_partition = o.kafka_partition LIMIT 1)
-         RETURNING topic, kafka_partition"
-    ))
-    .bind(group)
-    .bind(&topics)
-    .bind(&partitions)
-    .bind(&offsets)
-    .bind(&floors)
-    .persistent(schema.prepared())
-    .fetch_all(&mut *conn)
-    .await?;
+    let written: Vec<(String, i32)> = match positions {
+        // One position (a message per transaction): a statement of scalars, which
+        // PostgreSQL plans once per connection. Over arrays it plans the statement again
+        // at every execution (a custom plan, as it knows the arrays' lengths then).
+        [row] => {
+            sqlx::query_as(&format!(
+                "INSERT INTO {table} AS o (consumer_group, topic, kafka_partition, next_offset)
+                 SELECT $1::text, $2::text, $3::int, $4::bigint
+                 WHERE $5::bigint <= 0 OR EXISTS (
+                     SELECT 1 FROM {table} AS s
+                     WHERE s.consumer_group = $1 AND s.topic = $2 AND s.kafka_partition = $3)
+                 ON CONFLICT (consumer_group, topic, kafka_partition) DO UPDATE
+                 SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset),
+                     updated_at = now()
+                 WHERE o.next_offset >= $5
+                 RETURNING topic, kafka_partition"
+            ))
+            .bind(group)
+            .bind(&row.topic)
+            .bind(row.partition)
+            .bind(row.next_offset)
+            .bind(row.floor)
+            .persistent(schema.prepared())
+            .fetch_all(&mut *conn)
+            .await?
+        }
+        // In the order of their keys: two transactions storing positions of the same
+        // partitions lock their rows in one order.
+        _ => {
+            let topics: Vec<&str> = positions.iter().map(|row| row.topic.as_str()).collect();
+            let partitions: Vec<i32> = positions.iter().map(|row| row.partition).collect();
+            let offsets: Vec<i64> = positions.iter().map(|row| row.next_offset).collect();
+            let floors: Vec<i64> = positions.iter().map(|row| row.floor).collect();
+            sqlx::query_as(&format!(
+                "INSERT INTO {table} AS o (consumer_group, topic, kafka_partition, next_offset)
+                 SELECT $1, topic, kafka_partition, next_offset
+                 FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[])
+                     AS p(topic, kafka_partition, next_offset, floor)
+                 WHERE p.floor <= 0 OR EXISTS (
+                     SELECT 1 FROM {table} AS s
+                     WHERE s.consumer_group = $1 AND s.topic = p.topic AND s.kafka_partition = p.kafka_partition)
+                 ORDER BY topic, kafka_partition
+                 ON CONFLICT (consumer_group, topic, kafka_partition) DO UPDATE
+                 SET next_offset = GREATEST(o.next_offset, EXCLUDED.next_offset),
+                     updated_at = now()
+                 WHERE o.next_offset >= (
+                     SELECT f.floor FROM unnest($2::text[], $3::int[], $5::bigint[]) AS f(topic, kafka_partition, floor)
+                     WHERE f.topic = o.topic AND f.kafka_partition = o.kafka_partition LIMIT 1)
+                 RETURNING topic, kafka_partition"
+            ))
+            .bind(group)
+            .bind(&topics)
+            .bind(&partitions)
+            .bind(&offsets)
+            .bind(&floors)
+            .persistent(schema.prepared())
+            .fetch_all(&mut *conn)
+            .await?
+        }
+    };
     for row in positions {
         let written = written
             .iter()
