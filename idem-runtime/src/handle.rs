@@ -75,7 +75,9 @@ impl Idem {
     /// Which of `keys` are done in `scope`, as `conn` sees the status table: `true` for a
     /// key whose row is `success` with the given payload fingerprint (or without one on
     /// either side), `false` for a key without a row, in progress, failed, parked or first
-    /// applied with another payload. One answer per key, in order.
+    /// applied with another payload. One answer per key, in order. The status table only:
+    /// the keys of a handler with `event_time` are in the time buckets, which
+    /// [`done_handler_keys`](Self::done_handler_keys) reads.
     ///
     /// Pass the connection of an open transaction (a batch handler's body, say) to see
     /// the keys that transaction claimed as well as those committed before it; a plain

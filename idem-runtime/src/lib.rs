@@ -246,7 +246,8 @@
 //!
 //! - the items these docs show: the root's re-exports and the public modules (`admin`,
 //!   `batch`, `cache`, `config`, `key`, `lease`, `migrations`, `privileges`, `retention`,
-//!   `scope`, `telemetry`, and `testing` with its feature), their types, functions and
+//!   `scope`, `telemetry`, `time_buckets`, and `testing` with its feature), their types,
+//!   functions and
 //!   documented behaviour;
 //! - the arguments of `#[idempotent]` and `#[derive(KeyPart)]`, and the signatures of the
 //!   functions they generate (the handler taking `&Idem`, returning

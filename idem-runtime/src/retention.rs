@@ -18,7 +18,9 @@
 //!   database's clock) is older than the window of their scope;
 //! - `failed` and `parked` keys are never deleted by retention: they wait for the next
 //!   delivery or for an operator (`idem keys retry`, `idem keys release`, or
-//!   [`Idem::reset`](crate::Idem::reset)); `processing` leases are kept too;
+//!   [`Idem::reset`](crate::Idem::reset)); `processing` leases are kept too. Keys kept by
+//!   the fact's time are the exception: an expired bucket is dropped with all its keys,
+//!   whatever their status (see [`time_buckets`](crate::time_buckets));
 //! - a scope may have a window of its own, longer or shorter than the default: declared by
 //!   its handler (`#[idempotent(retention = "90d")]`), which
 //!   records it with the scope in the database when the handler first runs, so that every
@@ -59,7 +61,8 @@
 //! status table, which [`consumer_grants`](crate::privileges::consumer_grants) does not
 //! give: run it under the role that owns the schema (`idem purge`), or grant it
 //! (`GRANT DELETE ON idem.idem_keys TO ...`) to the consumers that start the background
-//! task.
+//! task; for handlers with `event_time`, also `EXECUTE` on `idem_timed_expire` (without
+//! it, expired buckets are not dropped and each run logs a warning).
 //!
 //! **What it costs the claim path**, measured on a 2-core machine shared with PostgreSQL
 //! (the ignored test `cleanup_cost_on_the_claim_path` of the repository's

@@ -80,7 +80,9 @@
 //!
 //! [`PurgeReport::buckets_dropped`](crate::retention::PurgeReport::buckets_dropped)
 //! counts the buckets dropped, each with all its keys; `deleted` counts the keys deleted
-//! row by row from the status table only, and a dry run reports no buckets.
+//! row by row from the status table only. A dry run
+//! ([`Idem::purge_dry_run`](crate::Idem::purge_dry_run)) counts the buckets it would make
+//! and drop, and [`admin::purge_plan`](crate::admin::purge_plan) names them.
 //!
 //! Both are functions of the schema (`idem_timed_bucket`, `idem_timed_expire`, migrations
 //! 0010 and 0011) owned by the role that migrated it (`SECURITY DEFINER`): a consumer's
