@@ -24,6 +24,8 @@ done
 # the Kafka tests' waits.
 exports=$(IDEM_KAFKA_FRESH=1 scripts/services.sh up --print-env postgres redis kafka pgbouncer)
 eval "$exports"
+# The failover scenarios first, in a run of their own (tests/failover/main.rs).
+cargo test --workspace --all-features --test failover -- --include-ignored
 cargo test --workspace --all-features "$@"
 # The examples as a team copies them: built outside the workspace from the dependency
 # list in examples/README.md.

@@ -11,11 +11,17 @@
 //! notification service's database. And the `tansu` broker (`scripts/services.sh up
 //! kafka`) or a broker in `KAFKA_BROKERS`. The scenarios take turns. Each prints one line
 //! per mode (lost / doubled / applied once); `IDEM_FAILOVER_PROGRESS=1` prints the groups'
-//! counters every 5 s while a wait lasts.
+//! counters every 5 s while a wait lasts. The consumers' warnings (retries and their
+//! errors) go to the test's output, shown when a scenario fails.
 //!
 //! ```text
-//! cargo test -p idem-tests --test failover -- --nocapture
+//! cargo test -p idem-tests --test failover -- --include-ignored --nocapture
 //! ```
+//!
+//! The scenarios are ignored in a plain `cargo test`: `scripts/test.sh` runs them in a
+//! run of their own before the other tests (within the workspace's run, after the other
+//! suites, a scenario's groups made no progress in their first minute, twice in two
+//! runs; on their own they passed every time).
 
 mod chain;
 mod cluster;
@@ -27,6 +33,7 @@ use cluster::Replication;
 /// Synchronous replication: nothing acknowledged is lost, so every mode applies every
 /// fact exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "scripts/test.sh runs the failover scenarios on their own, before the other tests"]
 async fn synchronous_replication_loses_and_doubles_nothing() {
     scenario::fail_over_under_load(Replication::Synchronous).await;
 }
@@ -35,6 +42,7 @@ async fn synchronous_replication_loses_and_doubles_nothing() {
 /// PostgreSQL go back with the facts they belong to (nothing lost, nothing doubled);
 /// offsets in Kafka run ahead of the lost facts (counted and printed), never doubled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "scripts/test.sh runs the failover scenarios on their own, before the other tests"]
 async fn asynchronous_replication_doubles_nothing_and_loses_only_with_offsets_in_kafka() {
     scenario::fail_over_under_load(Replication::Asynchronous).await;
 }

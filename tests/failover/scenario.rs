@@ -87,6 +87,12 @@ struct Outcome {
 
 /// Runs the scenario on a cluster replicating as `replication`.
 pub async fn fail_over_under_load(replication: Replication) {
+    // The consumers' warnings (a delivery retried, and why) go to the test's output,
+    // which a failed test shows.
+    let _ = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_test_writer()
+        .try_init();
     let _turn = ONE_AT_A_TIME.lock().await;
     let started = Instant::now();
     let broker = tokio::task::spawn_blocking(LocalBroker::ensure)
