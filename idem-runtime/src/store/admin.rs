@@ -512,7 +512,7 @@ impl Statements {
     }
 
     /// `name` in the configured schema.
-    pub(super) fn in_schema(&self, name: &str) -> String {
+    fn in_schema(&self, name: &str) -> String {
         let schema = self
             .table
             .strip_suffix(".idem_keys")

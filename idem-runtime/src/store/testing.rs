@@ -33,7 +33,7 @@ impl Statements {
                  SELECT scope, key, status, attempts, updated_at, lease_owner, result::text AS result \
                  FROM {}",
                 self.table,
-                self.in_schema("idem_timed_keys")
+                self.timed.table
             ),
             &[],
         )
@@ -56,8 +56,7 @@ impl Statements {
                  UNION ALL \
                  SELECT status, lease_expires_at <= now() FROM {} WHERE scope = $1 AND key = $2 \
                  LIMIT 1",
-                self.table,
-                self.in_schema("idem_timed_keys")
+                self.table, self.timed.table
             ),
             &[scope.into(), key.into()],
         )
