@@ -76,7 +76,8 @@ async fn each_message_is_a_process_span_with_the_messaging_attributes_and_idem_o
     pool: PgPool,
 ) {
     let spans = captured();
-    let harness = Harness::new(&pool, "spans", 1).await;
+    let mut harness = Harness::new(&pool, "spans", 1).await;
+    harness.log_to_the_global_subscriber();
     let plan = Plan::new(&PlanConfig {
         events: 30,
         duplicate_rate: 0.3,

@@ -18,6 +18,7 @@ use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;
 use tokio::sync::{Mutex, MutexGuard};
 use tokio::task::JoinHandle;
+use tracing::Instrument as _;
 
 /// A broker, a fresh topic and group, and a migrated database.
 pub struct Harness {
@@ -32,6 +33,8 @@ pub struct Harness {
     stop: watch::Sender<bool>,
     /// The link between the members and the database, with [`ROUND_TRIP_VARIABLE`].
     _link: Option<SlowLink>,
+    /// The log of this test's thread (see [`test_log`]).
+    log: Option<tracing::subscriber::DefaultGuard>,
     _one_at_a_time: MutexGuard<'static, ()>,
 }
 
@@ -129,6 +132,8 @@ impl Harness {
         broker: fn() -> Result<LocalBroker, BrokerError>,
     ) -> Harness {
         let one_at_a_time = BROKER_TESTS.lock().await;
+        // Unless the test captures its warnings (which logs to its output too).
+        let log = (!CAPTURING.get()).then(|| tracing::subscriber::set_default(test_log()));
         // The suites over a network: members reach the database through a slow link.
         let mut link = None;
         let reach = match (reach, std::env::var(ROUND_TRIP_VARIABLE)) {
@@ -216,8 +221,14 @@ impl Harness {
             idem,
             stop: watch::channel(false).0,
             _link: link,
+            log,
             _one_at_a_time: one_at_a_time,
         }
+    }
+
+    /// Leaves this thread's log to the global subscriber (a test that installs its own).
+    pub fn log_to_the_global_subscriber(&mut self) {
+        self.log = None;
     }
 
     /// Starts an order consumer of the group, one message per transaction.
@@ -256,9 +267,10 @@ impl Harness {
         let stats = consumer.stats();
         let kill = consumer.kill_switch();
         let mut stopped = self.stop.subscribe();
-        let task = tokio::spawn(consumer.run(async move {
+        let run = consumer.run(async move {
             stopped.wait_for(|stop| *stop).await.ok();
-        }));
+        });
+        let task = tokio::spawn(run.instrument(tracing::info_span!("member", name)));
         Member {
             name: name.to_owned(),
             stats,
@@ -319,6 +331,33 @@ impl Harness {
         self.idem.pool().close().await;
         self.pool.close().await;
     }
+}
+
+/// The members' rebalances (info) and warnings, to the output of the test whose thread
+/// runs them (`#[sqlx::test]` runs a test and its members on one thread), each line in
+/// the span of the member that logged it: a failed test shows what its group went
+/// through.
+fn test_log() -> impl tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    let levels = Targets::new()
+        .with_default(LevelFilter::WARN)
+        .with_target("idem_kafka", LevelFilter::INFO)
+        .with_target("librdkafka", LevelFilter::INFO)
+        // The members' spans.
+        .with_target(module_path!(), LevelFilter::INFO);
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_test_writer(),
+        )
+        .with(levels)
+}
+
+thread_local! {
+    /// Whether this test's thread keeps its warnings ([`Warnings::capture`]).
+    static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Waits until `done()` holds, checking every 100 ms; panics with `what()` after `limit`.
@@ -499,11 +538,13 @@ pub struct Warnings(std::sync::Mutex<Vec<String>>);
 pub const REJOIN_LOGGED: &str = "leaving the group and joining it again";
 
 impl Warnings {
-    /// Keeps the warnings logged on this thread until the guard is dropped.
+    /// Keeps the warnings logged on this thread until the guard is dropped (and logs to
+    /// the test's output, as a [`Harness`] does). Before the harness.
     pub fn capture() -> (Arc<Warnings>, tracing::subscriber::DefaultGuard) {
         use tracing_subscriber::layer::SubscriberExt;
         let warnings = Arc::new(Warnings::default());
-        let subscriber = tracing_subscriber::registry().with(Keep(warnings.clone()));
+        let subscriber = test_log().with(Keep(warnings.clone()));
+        CAPTURING.set(true);
         let guard = tracing::subscriber::set_default(subscriber);
         (warnings, guard)
     }
@@ -549,15 +590,10 @@ impl tracing::field::Visit for Line {
 }
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Keep {
-    fn enabled(
-        &self,
-        metadata: &tracing::Metadata<'_>,
-        _: tracing_subscriber::layer::Context<'_, S>,
-    ) -> bool {
-        *metadata.level() <= tracing::Level::WARN
-    }
-
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() > tracing::Level::WARN {
+            return;
+        }
         let mut line = Line(format!("{} ", event.metadata().level()));
         event.record(&mut line);
         self.0
