@@ -1,28 +1,35 @@
 //! The end-to-end scenario of the Kafka tests, on the per-message and the batch path.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use idem_demo::kafka::handlers;
+use idem_demo::kafka::handlers::{self, OrderEvents};
 use idem_demo::kafka::producer::{MalformedKind, Plan, PlanConfig, RecordKind};
 use idem_demo::kafka::verify;
 use idem_kafka::{OffsetStore, Stats};
 use idem_runtime::Status;
 use sqlx::PgPool;
 
-use crate::support::{Harness, delivered, total, wait_while_progressing};
+use crate::support::{Harness, Stillness, Supervisor, delivered, total};
 
 const EVENTS: usize = 10_000;
 const DUPLICATE_RATE: f64 = 0.3;
 const MALFORMED: usize = 12;
 const CONSUMERS: usize = 3;
 const PARTITIONS: i32 = 6;
+/// The members' stall bound: partitions that nobody consumes are handed out again within
+/// seconds (the default is 30 s).
+const STALL_BOUND: Duration = Duration::from_secs(12);
+/// A wait fails when the members have not moved for this long: several of the stall
+/// watch's rejoins.
+const NO_PROGRESS: Duration = Duration::from_secs(90);
 
 /// Publishes 10,000 facts with 30% duplicate sends and 12 malformed messages to 6
 /// partitions, consumes them with three consumers of one group (`batch_size` messages per
 /// transaction), kills the busiest mid-stream and starts a new member in its place, and
-/// checks every guarantee by SQL.
+/// checks every guarantee by SQL. The members run under a supervisor that starts again a
+/// member that gave up on a stalled group.
 pub async fn every_fact_applied_once_despite_a_killed_consumer(
     pool: PgPool,
     offsets: OffsetStore,
@@ -56,31 +63,44 @@ async fn scenario(harness: Harness, offsets: OffsetStore, batch_size: usize) {
         "at least 20% of the deliveries are duplicates"
     );
 
-    let mut members: Vec<_> = (0..CONSUMERS)
-        .map(|n| harness.batch_consumer(&format!("c{n}"), offsets, batch_size))
-        .collect();
+    // Every member's counters, by name: a member started again keeps its own.
+    let stats: Arc<Mutex<BTreeMap<String, Arc<Stats>>>> = Arc::default();
+    let names: Vec<String> = (0..CONSUMERS).map(|n| format!("c{n}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut supervisor = Supervisor::start(&harness, &names, {
+        let stats = stats.clone();
+        move |harness, name| {
+            let counters = lock(&stats).entry(name.to_owned()).or_default().clone();
+            harness.member(name, OrderEvents, |builder| {
+                builder
+                    .offsets(offsets)
+                    .batch_size(batch_size)
+                    .stall_bound(STALL_BOUND)
+                    .stats(counters)
+            })
+        }
+    });
+    let all_stats = || -> Vec<Arc<Stats>> { lock(&stats).values().cloned().collect() };
     let producing = harness.produce(&plan);
 
     // Mid-stream, kill the busiest consumer: it commits nothing more, and the messages it
     // processed since its last commit go to the others again.
-    let mut all_stats: Vec<Arc<Stats>> =
-        members.iter().map(|member| member.stats.clone()).collect();
-    wait_while_progressing(
-        Duration::from_secs(90),
-        || delivered(&every(&all_stats)) >= records as u64 / 3,
-        || delivered(&every(&all_stats)),
-        || {
-            format!(
-                "a third of the records consumed: {:?}",
-                total(&every(&all_stats))
-            )
-        },
-    )
-    .await;
-    let busiest = (0..members.len())
-        .max_by_key(|&n| members[n].stats.snapshot().deliveries)
+    let mut still = Stillness::new(NO_PROGRESS, 0);
+    loop {
+        supervisor.check(&harness).await;
+        let counted = total(&every(&all_stats()));
+        if counted.deliveries >= records as u64 / 3 {
+            break;
+        }
+        still.check(counted.deliveries, || {
+            format!("a third of the records consumed: {counted:?}")
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let busiest = (0..supervisor.members.len())
+        .max_by_key(|&n| supervisor.members[n].stats.snapshot().deliveries)
         .unwrap();
-    let victim = members.remove(busiest);
+    let victim = supervisor.members.remove(busiest);
     let killed_after = victim.stats.snapshot();
     victim.kill.kill();
     victim.task.abort();
@@ -91,43 +111,45 @@ async fn scenario(harness: Harness, offsets: OffsetStore, batch_size: usize) {
     );
     // The killed member's process comes back, as its orchestrator restarts it: it joins
     // the group, and the group rebalances. The broker the tests run on (tansu 0.6) does
-    // not always rebalance a group that a member left: the members left standing then
-    // keep their own partitions, and the dead member's wait unread for as long as nobody
-    // joins.
-    let restarted = harness.batch_consumer("c-restarted", offsets, batch_size);
-    all_stats.push(restarted.stats.clone());
-    members.push(restarted);
+    // not always rebalance a group that a member left, and may leave partitions with
+    // nobody consuming them: the members' stall watch (a short stall bound here) then
+    // has them leave the group and join it again, and a member that gives up is started
+    // again by the supervisor, as in production.
+    supervisor.add(&harness, "c-restarted");
 
     let produced = producing.await.unwrap();
     assert_eq!(produced.records, records);
     assert_eq!(produced.malformed.len(), MALFORMED);
     // The group stands still while it notices the kill (the session timeout) and rebalances.
-    wait_while_progressing(
-        Duration::from_secs(60),
-        || {
-            idem_kafka::caught_up(
-                all_stats.iter().map(Arc::as_ref),
-                &harness.topic,
-                &produced.end_offsets,
-            )
-        },
-        || delivered(&every(&all_stats)),
-        || {
+    let mut still = Stillness::new(NO_PROGRESS, delivered(&every(&all_stats())));
+    loop {
+        supervisor.check(&harness).await;
+        let members = all_stats();
+        if idem_kafka::caught_up(
+            members.iter().map(Arc::as_ref),
+            &harness.topic,
+            &produced.end_offsets,
+        ) {
+            break;
+        }
+        still.check(delivered(&every(&members)), || {
             format!(
-                "every partition consumed to its end {:?}; per member, deliveries, retries and positions {:?}",
+                "every partition consumed to its end {:?}; per member, deliveries, retries and positions {:?}; members started again {:?}",
                 produced.end_offsets,
-                all_stats
+                lock(&stats)
                     .iter()
-                    .map(|stats| {
+                    .map(|(name, stats)| {
                         let counted = stats.snapshot();
-                        (counted.deliveries, counted.retries, stats.positions())
+                        (name.clone(), counted.deliveries, counted.retries, stats.positions())
                     })
-                    .collect::<Vec<_>>()
+                    .collect::<Vec<_>>(),
+                supervisor.restarts,
             )
-        },
-    )
-    .await;
-    harness.stop(members).await;
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    harness.stop(supervisor.into_members()).await;
+    let all_stats = all_stats();
     let counted = total(&every(&all_stats));
 
     // Every fact exactly once: effect rows, order totals.
@@ -216,4 +238,10 @@ async fn scenario(harness: Harness, offsets: OffsetStore, batch_size: usize) {
 /// The counters of every member, for the waits.
 fn every(stats: &[Arc<Stats>]) -> Vec<&Arc<Stats>> {
     stats.iter().collect()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -523,6 +523,12 @@ impl Supervisor {
         }
     }
 
+    /// Starts one more member, `name`, supervised as the others.
+    pub fn add(&mut self, harness: &Harness, name: &str) {
+        let member = (self.start)(harness, name);
+        self.members.push(member);
+    }
+
     /// The members now, to stop them.
     pub fn into_members(self) -> Vec<Member> {
         self.members
