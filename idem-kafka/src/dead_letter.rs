@@ -21,8 +21,14 @@ pub struct DeadLetter {
     pub key: Option<Vec<u8>>,
     /// The raw payload, if the message had one.
     pub payload: Option<Vec<u8>>,
-    /// Why it was set aside.
+    /// Why it was set aside. A reason that this release does not know (written by a later
+    /// one, beside this one on the same database) reads as [`Reason::Unrecoverable`]:
+    /// whatever it is, the message can never be handled; [`stored_reason`](Self::stored_reason)
+    /// has it as written.
     pub reason: Reason,
+    /// The reason as stored in the table's `reason` column (`reason`'s
+    /// [`as_str`](Reason::as_str), or a later release's own).
+    pub stored_reason: String,
     /// The error, with its sources.
     pub error: String,
     /// When it was first recorded (a redelivery does not record it again).

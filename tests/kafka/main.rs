@@ -14,6 +14,7 @@ mod batches;
 mod broker_restart;
 mod database_outage;
 mod database_went_back;
+mod dead_letter_reasons;
 mod dead_member;
 mod end_to_end;
 mod examples_start_together;

@@ -304,14 +304,9 @@ pub async fn dead_letters(
     rows.into_iter()
         .map(
             |(group, topic, partition, offset, key, payload, reason, error, recorded_at)| {
-                let reason = Reason::from_column(&reason).ok_or_else(|| {
-                    sqlx::Error::Decode(
-                        format!(
-                            "unknown dead-letter reason {reason:?} in {topic}/{partition}@{offset}"
-                        )
-                        .into(),
-                    )
-                })?;
+                // A reason that a later release wrote and this one does not know: the
+                // message can never be handled all the same.
+                let known = Reason::from_column(&reason).unwrap_or(Reason::Unrecoverable);
                 Ok(DeadLetter {
                     group,
                     topic,
@@ -319,7 +314,8 @@ pub async fn dead_letters(
                     offset,
                     key,
                     payload,
-                    reason,
+                    reason: known,
+                    stored_reason: reason,
                     error,
                     recorded_at,
                 })
