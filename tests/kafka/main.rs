@@ -29,3 +29,4 @@ mod per_message;
 mod spans;
 mod stalled_member_gives_up;
 mod support;
+mod watchdog_ends_a_hung_test;

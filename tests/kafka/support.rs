@@ -51,6 +51,11 @@ pub mod slow_link;
 
 use slow_link::SlowLink;
 
+/// The bound on a test's time, in this folder (a module of this one, as `slow_link`).
+#[allow(dead_code)]
+#[path = "watchdog.rs"]
+pub mod watchdog;
+
 /// How the consumers' handle reaches the test's database.
 enum Reach {
     /// As the test's pool does.
@@ -132,6 +137,8 @@ impl Harness {
         broker: fn() -> Result<LocalBroker, BrokerError>,
     ) -> Harness {
         let one_at_a_time = BROKER_TESTS.lock().await;
+        // From its turn to the end of its thread: a test that hangs fails.
+        watchdog::watch_this_test();
         // Unless the test captures its warnings (which logs to its output too).
         let log = (!CAPTURING.get()).then(|| tracing::subscriber::set_default(test_log()));
         // The suites over a network: members reach the database through a slow link.
