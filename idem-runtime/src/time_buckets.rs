@@ -85,7 +85,7 @@
 //! and drop, and [`admin::purge_plan`](crate::admin::purge_plan) names them.
 //!
 //! Both are functions of the schema (`idem_timed_bucket`, `idem_timed_expire`, migrations
-//! 0010 and 0011) owned by the role that migrated it (`SECURITY DEFINER`): a consumer's
+//! 0010 to 0012) owned by the role that migrated it (`SECURITY DEFINER`): a consumer's
 //! role needs `EXECUTE` on `idem_timed_bucket` and no right to create tables, which
 //! [`consumer_grants`](crate::privileges::consumer_grants) gives. Like `DELETE` on the
 //! status table for a cleaner, `EXECUTE` on `idem_timed_expire` lets a role expire buckets,

@@ -51,6 +51,7 @@ mod redelivery_storm_answers_duplicates_with_one_read;
 mod schema_is_configurable;
 mod scope_identity_across_deploys;
 mod scopes_are_independent;
+mod status_rows_checked_by_the_store_alone;
 mod stored_result_is_replayed;
 mod swallowed_error_is_not_executed;
 mod trait_impl_handlers_and_named_key_functions;
