@@ -60,8 +60,8 @@ pub(super) fn representable(at: DateTime<Utc>) -> bool {
     (-4712..=294_275).contains(&at.year())
 }
 
-/// Makes the buckets of the facts `times` where they are missing (one statement, on the
-/// pool, in a transaction of its own): the facts the database refuses, older than their
+/// Makes the buckets of the facts `times` where they are missing (on the pool, a few
+/// buckets a transaction): the facts the database refuses, older than their
 /// window or than the buckets that expired, or too far ahead.
 pub(super) async fn make_buckets(
     idem: &Idem,

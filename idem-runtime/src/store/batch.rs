@@ -172,6 +172,34 @@ impl Sql {
     }
 }
 
+/// `times` cut into runs whose facts fall in at most
+/// [`BUCKETS_A_TRANSACTION`](super::timed::BUCKETS_A_TRANSACTION) cells of `width` (as
+/// `idem_timed_bucket` aligns them, on 2000-01-01 UTC): a run makes that many buckets at
+/// most (more only where buckets of another width split a cell). In order.
+fn bucket_chunks(times: &[DateTime<Utc>], width: std::time::Duration) -> Vec<&[DateTime<Utc>]> {
+    let width = i64::try_from(width.as_micros()).unwrap_or(i64::MAX).max(1);
+    // 2000-01-01 UTC, in microseconds since 1970.
+    const ORIGIN: i64 = 946_684_800_000_000;
+    let cell = |at: &DateTime<Utc>| (at.timestamp_micros() - ORIGIN).div_euclid(width);
+    let mut chunks = Vec::new();
+    let (mut start, mut cells, mut last) = (0, 0, None);
+    for (i, at) in times.iter().enumerate() {
+        let this = cell(at);
+        if last != Some(this) {
+            if cells == super::timed::BUCKETS_A_TRANSACTION {
+                chunks.push(&times[start..i]);
+                (start, cells) = (i, 0);
+            }
+            cells += 1;
+            last = Some(this);
+        }
+    }
+    if start < times.len() {
+        chunks.push(&times[start..]);
+    }
+    chunks
+}
+
 /// The earliest and the latest of `times`: the span of the buckets they are in.
 fn span(times: &[DateTime<Utc>]) -> (DateTime<Utc>, DateTime<Utc>) {
     let earliest = times.iter().min().copied().unwrap_or_default();
@@ -346,8 +374,10 @@ impl Statements {
         self.query(statement, &values).execute(conn).await.map(drop)
     }
 
-    /// Makes the buckets of the facts `times` that are missing (one statement, its own
-    /// transaction, on `pool`): what the database says of each fact's bucket, in order.
+    /// Makes the buckets of the facts `times` (in order) that are missing, a few buckets
+    /// a statement, each in its own transaction on `pool`
+    /// ([`BUCKETS_A_TRANSACTION`](super::timed::BUCKETS_A_TRANSACTION)): what the
+    /// database says of each fact's bucket, in order.
     pub(crate) async fn make_batch_buckets(
         &self,
         pool: &sqlx::PgPool,
@@ -356,28 +386,30 @@ impl Statements {
         window_ms: i64,
         ahead_ms: i64,
     ) -> Result<Vec<(DateTime<Utc>, Bucket)>, sqlx::Error> {
-        let rows = self
-            .query(
-                &self.batch.buckets,
-                &[
-                    times.into(),
-                    super::millis(width).into(),
-                    window_ms.into(),
-                    ahead_ms.into(),
-                ],
-            )
-            .fetch_all(pool)
-            .await?;
-        rows.iter()
-            .map(|row| {
+        let mut answers = Vec::with_capacity(times.len());
+        for chunk in bucket_chunks(times, width) {
+            let rows = self
+                .query(
+                    &self.batch.buckets,
+                    &[
+                        chunk.into(),
+                        super::millis(width).into(),
+                        window_ms.into(),
+                        ahead_ms.into(),
+                    ],
+                )
+                .fetch_all(pool)
+                .await?;
+            for row in &rows {
                 let bucket = match row.try_get::<&str, _>("made")? {
                     "too_old" => Bucket::TooOld,
                     "too_new" => Bucket::TooNew,
                     _ => Bucket::Ready,
                 };
-                Ok((row.try_get("at")?, bucket))
-            })
-            .collect()
+                answers.push((row.try_get("at")?, bucket));
+            }
+        }
+        Ok(answers)
     }
 
     /// Which of `keys` (each with its scope and fingerprint) succeeded with that

@@ -11,6 +11,12 @@ use sqlx::{PgConnection, PgPool, Row};
 use super::delivery::CLAIM_COLUMNS;
 use super::{Statements, millis};
 
+/// The most buckets a transaction makes: each one made holds some ten locks (the table,
+/// its index, its TOAST table, the parent's) until the transaction ends, and
+/// PostgreSQL's lock table, some 6,400 entries by default, is shared by every session of
+/// the server.
+pub(crate) const BUCKETS_A_TRANSACTION: i64 = 16;
+
 /// The window a timed claim inserts in: the fact's time, and how far from the database
 /// clock it may be, back (`window`, the scope's retention window) and ahead.
 #[derive(Debug, Clone, Copy)]
@@ -129,12 +135,13 @@ impl Sql {
                 "SELECT {schema}.idem_timed_expire( \
                     greatest($1::bigint, (SELECT max(retention_ms) FROM {schema}.idem_scopes)), $2)"
             ),
-            // The buckets from now to `$2` ms ahead, one per width `$1`, made where missing.
+            // The buckets of the times `now() + step * $1` ms for the steps `$3` to `$4`
+            // that are at most `$2` ms ahead, made where missing.
             prepare: format!(
                 "SELECT count(*) FILTER (WHERE made = 'created') FROM ( \
-                    SELECT {schema}.idem_timed_bucket(at, $1::bigint * interval '1 millisecond', 1, $2 + 1) AS made \
-                    FROM generate_series(now(), now() + $2::bigint * interval '1 millisecond', \
-                                         $1::bigint * interval '1 millisecond') AS at) AS made"
+                    SELECT {schema}.idem_timed_bucket(now() + step * $1::bigint * interval '1 millisecond', \
+                                                      $1::bigint * interval '1 millisecond', 1, $2 + 1) AS made \
+                    FROM generate_series($3::bigint, least($4::bigint, $2::bigint / $1::bigint)) AS step) AS made"
             ),
             table,
         }
@@ -179,21 +186,32 @@ impl Statements {
     }
 
     /// Makes the buckets from now to `ahead` that are missing (the one holding
-    /// `now() + ahead` included): how many were made.
+    /// `now() + ahead` included): how many were made. A few buckets a transaction
+    /// ([`BUCKETS_A_TRANSACTION`]): each one made takes some ten locks until its
+    /// transaction ends, and PostgreSQL's lock table is shared by the whole server.
     pub(crate) async fn prepare_buckets(
         &self,
         pool: &PgPool,
         width: std::time::Duration,
         ahead: std::time::Duration,
     ) -> Result<u64, sqlx::Error> {
-        let row = self
-            .query(
-                &self.timed.prepare,
-                &[millis(width).into(), millis(ahead).into()],
-            )
-            .fetch_one(pool)
-            .await?;
-        Ok(u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
+        let (width, ahead) = (millis(width).max(1), millis(ahead));
+        let steps = ahead / width;
+        let mut made = 0;
+        let mut first = 0;
+        while first <= steps {
+            let last = first.saturating_add(BUCKETS_A_TRANSACTION - 1);
+            let row = self
+                .query(
+                    &self.timed.prepare,
+                    &[width.into(), ahead.into(), first.into(), last.into()],
+                )
+                .fetch_one(pool)
+                .await?;
+            made += u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0);
+            first = last.saturating_add(1);
+        }
+        Ok(made)
     }
 
     /// Drops the oldest bucket whose facts are all older than `window`: its name, or

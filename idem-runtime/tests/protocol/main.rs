@@ -54,6 +54,7 @@ mod scopes_are_independent;
 mod status_rows_checked_by_the_store_alone;
 mod stored_result_is_replayed;
 mod swallowed_error_is_not_executed;
+mod time_buckets_are_made_a_few_a_transaction;
 mod trait_impl_handlers_and_named_key_functions;
 mod transient_failures_are_retried;
 mod unit_result_duplicates_get_some_unit;
