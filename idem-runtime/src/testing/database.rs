@@ -127,8 +127,7 @@ impl Effects {
     /// When the query fails or does not return one integer.
     pub async fn count(&self, pool: &PgPool) -> i64 {
         let query = self.query.trim().trim_end_matches(';');
-        let counted: Option<i64> = sqlx::query_scalar(&format!("SELECT ({query})::bigint"))
-            .fetch_one(pool)
+        let counted: Option<i64> = count(pool, &format!("SELECT ({query})::bigint"))
             .await
             .unwrap_or_else(|error| panic!("count the effects with {query:?}: {error}"));
         counted.unwrap_or_else(|| panic!("the effects query {query:?} returned NULL"))
@@ -153,10 +152,18 @@ pub async fn count_rows(pool: &PgPool, table: &str) -> i64 {
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.');
     assert!(plain, "not a plain table name: {table:?}");
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-        .fetch_one(pool)
+    count(pool, &format!("SELECT count(*) FROM {table}"))
         .await
         .unwrap_or_else(|error| panic!("count the rows of {table}: {error}"))
+        .unwrap_or_default()
+}
+
+/// The one integer that `sql` returns, by the simple query protocol: one round trip and
+/// no prepared statement, which a transaction pooler would lose (PgBouncer in transaction
+/// pooling hands the next statement to another server connection).
+async fn count(pool: &PgPool, sql: &str) -> Result<Option<i64>, sqlx::Error> {
+    use sqlx::Row as _;
+    sqlx::raw_sql(sql).fetch_one(pool).await?.try_get(0)
 }
 
 /// Lease mode: waits until the lease on `key` in `scope` (in the status table of `idem`,

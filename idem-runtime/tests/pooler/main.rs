@@ -16,6 +16,7 @@ mod migrate_from_eight_processes;
 mod operator;
 mod route;
 mod storm;
+mod testing_kit;
 mod time_bucket_batches;
 mod time_buckets;
 
@@ -63,6 +64,11 @@ macro_rules! through {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn batches_of_keys_kept_by_the_facts_time_apply_each_fact_once() {
                 crate::time_bucket_batches::run(Route::$variant).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn the_testing_kit_works() {
+                crate::testing_kit::run(Route::$variant).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
