@@ -285,7 +285,10 @@ fn parse_status(text: &str) -> Result<idem_runtime::Status, String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return parse_failure(error),
+    };
     let json = cli.json;
     let secrets = connect::secrets(cli.database_url.as_deref());
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -311,6 +314,39 @@ fn main() -> ExitCode {
             ExitCode::from(failure.code)
         }
     }
+}
+
+/// An argument the parser refused: with `--json` among the arguments, one JSON object on
+/// stderr as for every other error (kind `usage`, exit code 2); help and version, and
+/// errors without `--json`, as the parser prints them.
+fn parse_failure(error: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let asked_for_json = std::env::args_os()
+        .skip(1)
+        .take_while(|arg| arg != "--")
+        .any(|arg| arg == "--json");
+    let shown = matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if !asked_for_json || shown {
+        error.exit();
+    }
+    let rendered = error.render().to_string();
+    // The parser's first paragraph, without its `error: `; its usage line and `--help`
+    // hint are for a terminal.
+    let message = rendered
+        .split("\n\n")
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .trim_start_matches("error: ");
+    let failure = Failure::usage(message);
+    let document = serde_json::json!({ "error": failure.message, "kind": failure.kind });
+    eprintln!("{document}");
+    ExitCode::from(failure.code)
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {

@@ -1484,3 +1484,41 @@ async fn commit(brokers: &str, group: &str, topic: &str, partition: i32, offset:
         .unwrap()
         .unwrap_or_else(|error| panic!("committing {group}'s position: {error}"));
 }
+
+/// An argument the parser refuses is one JSON object on stderr with `--json`, as every
+/// other error is, and the parser's own text without.
+#[test]
+fn with_json_an_argument_the_parser_refuses_is_a_json_error() {
+    let url = "postgres://postgres@127.0.0.1:1/never_reached";
+    let refused = idem(
+        url,
+        &["--json", "keys", "show", "--scope", "x", "--key", "zz"],
+    );
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    let error: Value = serde_json::from_str(refused.stderr.trim())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", refused.stderr));
+    assert_eq!(error["kind"], "usage");
+    assert!(
+        error["error"]
+            .as_str()
+            .is_some_and(|text| text.starts_with("invalid value 'zz' for '--key <KEY>'")),
+        "{error}"
+    );
+    let unknown = idem(url, &["--json", "stats", "--no-such-flag"]);
+    assert_eq!(unknown.code, 2);
+    let error: Value = serde_json::from_str(unknown.stderr.trim()).unwrap();
+    assert_eq!(error["kind"], "usage");
+    // Without --json, the parser's text and its hint.
+    let plain = idem(url, &["keys", "show", "--scope", "x", "--key", "zz"]);
+    assert_eq!(plain.code, 2);
+    assert!(
+        plain.stderr.starts_with("error: invalid value 'zz'"),
+        "{}",
+        plain.stderr
+    );
+    assert!(plain.stderr.contains("--help"), "{}", plain.stderr);
+    // Help is help, with --json too.
+    let help = idem(url, &["--json", "--help"]);
+    assert_eq!(help.code, 0);
+    assert!(help.stdout.contains("Usage: idem"), "{}", help.stdout);
+}
