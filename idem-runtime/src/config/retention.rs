@@ -109,7 +109,8 @@ impl Retention {
     }
 
     /// The width of the time buckets this handle creates for the keys of handlers with
-    /// `event_time` (default an hour; from a minute to a day): see
+    /// `event_time` (default an hour; from a minute to a day: a width outside is taken as
+    /// the nearer of the two): see
     /// [`time_buckets`](crate::time_buckets). A bucket expires whole once its newest fact
     /// is older than the longest window, so a narrower bucket frees space sooner, and a
     /// wider one makes fewer tables. Changing it is safe at any time: buckets that exist

@@ -22,7 +22,7 @@
 //! | `i` | every integer type | ASCII decimal, `-` for negatives, no leading zeros (`0`, `42`, `-7`) |
 //! | `b` | `bool` | one byte, `0x00` or `0x01` |
 //! | `u` | [`uuid::Uuid`] | the 16 bytes |
-//! | `t` | `chrono::DateTime<Tz>`, `chrono::NaiveDateTime` (read as UTC) | ASCII decimal nanoseconds since 1970-01-01T00:00:00Z |
+//! | `t` | `chrono::DateTime<Tz>`, `chrono::NaiveDateTime` (read as UTC), `std::time::SystemTime` | ASCII decimal nanoseconds since 1970-01-01T00:00:00Z, `-` for earlier instants |
 //! | `d` | `chrono::NaiveDate` | ASCII `YYYY-MM-DD` |
 //! | `l` | `[T]`, `[T; N]`, `Vec<T>`; structs deriving [`KeyPart`] with several fields (in declaration order); enum variants deriving it that have fields (the variant's name as an `s` part, then the fields) | `count part*` of the elements |
 //! | `n` | `None` of an `Option`, in a payload fingerprint only | none (`len` is 0) |
