@@ -15,4 +15,16 @@ async fn apply(tx: &mut PgConnection, event: &OrderEvent) -> Result<(), sqlx::Er
     Ok(())
 }
 
+struct Reading {
+    id: String,
+    at: DateTime<Utc>,
+}
+
+// A short name is not "meant" as another short name of the key: no suggestion of `id`.
+#[idempotent(key = "id", event_time = "at")]
+async fn record(tx: &mut PgConnection, reading: &Reading) -> Result<(), sqlx::Error> {
+    let _ = (tx, &reading.id, reading.at);
+    Ok(())
+}
+
 fn main() {}
