@@ -135,13 +135,19 @@ impl Sql {
                 "SELECT {schema}.idem_timed_expire( \
                     greatest($1::bigint, (SELECT max(retention_ms) FROM {schema}.idem_scopes)), $2)"
             ),
-            // The buckets of the times `now() + step * $1` ms for the steps `$3` to `$4`
-            // that are at most `$2` ms ahead, made where missing.
+            // The buckets of the cells of width `$1` ms from the one holding now (by now
+            // itself: its start is past), steps `$3` to `$4` of them, made where missing
+            // up to `$2` ms ahead. The cells are aligned as the bucket function aligns
+            // them, so that the runs of steps of successive transactions leave no cell
+            // between them.
             prepare: format!(
                 "SELECT count(*) FILTER (WHERE made = 'created') FROM ( \
-                    SELECT {schema}.idem_timed_bucket(now() + step * $1::bigint * interval '1 millisecond', \
-                                                      $1::bigint * interval '1 millisecond', 1, $2 + 1) AS made \
-                    FROM generate_series($3::bigint, least($4::bigint, $2::bigint / $1::bigint)) AS step) AS made"
+                    SELECT {schema}.idem_timed_bucket( \
+                        greatest(now(), date_bin($1::bigint * interval '1 millisecond', now(), \
+                                                 timestamptz '2000-01-01 00:00:00+00') \
+                                        + step * $1::bigint * interval '1 millisecond'), \
+                        $1::bigint * interval '1 millisecond', 1, $2 + 1) AS made \
+                    FROM generate_series($3::bigint, least($4::bigint, $2::bigint / $1::bigint + 1)) AS step) AS made"
             ),
             table,
         }
@@ -196,7 +202,8 @@ impl Statements {
         ahead: std::time::Duration,
     ) -> Result<u64, sqlx::Error> {
         let (width, ahead) = (millis(width).max(1), millis(ahead));
-        let steps = ahead / width;
+        // The cell holding now, and those up to the one holding `now + ahead`.
+        let steps = ahead / width + 1;
         let mut made = 0;
         let mut first = 0;
         while first <= steps {
