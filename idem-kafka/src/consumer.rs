@@ -9,8 +9,10 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinSet;
+use tokio_util::task::AbortOnDropHandle;
+use tracing::Instrument as _;
 
 use idem_runtime::Idem;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
@@ -201,7 +203,45 @@ impl<H: Handler> Consumer<H> {
     /// Consumes until `shutdown` completes, then finishes the deliveries in flight (each
     /// partition's current message or batch), commits what was processed and leaves the
     /// group. Bad messages and database outages do not end it.
+    ///
+    /// The member works in a task of its own, spawned on the current Tokio runtime (a
+    /// multi-threaded one, as `#[tokio::main]` builds, lets it work beside its deliveries);
+    /// dropping the future that `run` returns stops it at once, as a crash would: nothing
+    /// in flight is committed.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ConsumerError> {
+        // The loop is woken at every message and every delivery's report. In a task on the
+        // runtime's workers, beside the deliveries' tasks, that costs no wake-up of another
+        // thread; awaited where `run` is called (often `block_on`'s thread, which only
+        // `#[tokio::main]`'s future runs on), every one of them would.
+        let (stop, stopped) = oneshot::channel::<()>();
+        let member = self
+            .member(async move {
+                stopped.await.ok();
+            })
+            .instrument(tracing::Span::current());
+        let mut member = AbortOnDropHandle::new(tokio::spawn(member));
+        let mut shutdown = pin!(shutdown);
+        let mut stop = Some(stop);
+        loop {
+            tokio::select! {
+                ended = &mut member => {
+                    return match ended {
+                        Ok(ended) => ended,
+                        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                        Err(error) => Err(ConsumerError::Close(error)),
+                    };
+                }
+                () = &mut shutdown, if stop.is_some() => {
+                    if let Some(stop) = stop.take() {
+                        stop.send(()).ok();
+                    }
+                }
+            }
+        }
+    }
+
+    /// The member's loop (see [`run`](Self::run)).
+    async fn member(self, shutdown: impl Future<Output = ()>) -> Result<(), ConsumerError> {
         let mut shutdown = pin!(shutdown);
         let mut tick = tokio::time::interval(self.settings.commit_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

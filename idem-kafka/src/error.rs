@@ -24,7 +24,8 @@ pub enum ConsumerError {
     /// again. The text says which partitions and for how long.
     #[error("the consumer stopped making headway: {0}")]
     Stalled(String),
-    /// The consumer's closing task failed.
+    /// The consumer's closing task failed, or the member's task was cancelled (its
+    /// runtime shutting down).
     #[error("closing the consumer failed: {0}")]
     Close(#[from] tokio::task::JoinError),
 }
