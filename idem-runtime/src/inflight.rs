@@ -10,6 +10,7 @@
 //! bounded by the same lock timeout.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,7 +22,9 @@ type Slot = (&'static str, Uuid);
 /// The keys being delivered in this process, per runtime handle.
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
-    keys: Mutex<HashMap<Slot, Arc<Turn<()>>>>,
+    /// Taken twice by every delivery: a fast hash (the keys are digests, and the map
+    /// lives in this process only).
+    keys: Mutex<HashMap<Slot, Arc<Turn<()>>, foldhash::fast::RandomState>>,
 }
 
 /// The turn of one key: while it is held, other deliveries of the key in this process
@@ -83,11 +86,10 @@ impl InFlight {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         // The map's own reference is the last one: nobody waits or holds it.
-        if keys
-            .get(&slot)
-            .is_some_and(|turn| Arc::strong_count(turn) == 1)
+        if let Entry::Occupied(turn) = keys.entry(slot)
+            && Arc::strong_count(turn.get()) == 1
         {
-            keys.remove(&slot);
+            turn.remove();
         }
     }
 

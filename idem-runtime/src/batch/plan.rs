@@ -77,7 +77,8 @@ impl<T, E> Planned<T, E> {
             previous: Vec::with_capacity(messages.len()),
             plans: Vec::with_capacity(messages.len()),
         };
-        let mut first_of_key: HashMap<IdempotencyKey, usize> = HashMap::new();
+        let mut first_of_key: HashMap<IdempotencyKey, usize, foldhash::fast::RandomState> =
+            HashMap::with_capacity_and_hasher(messages.len(), Default::default());
         for (index, message) in messages.iter().enumerate() {
             let derived = derive(message).and_then(|keys| match (event_time, keys.fact_time) {
                 (Some(field), None) => Err(KeyError::MissingValue { field }),

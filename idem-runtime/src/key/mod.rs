@@ -230,6 +230,9 @@ pub trait KeyPart {
 )]
 pub trait SoleKeyPart: KeyPart {}
 
+/// The bytes an encoder reserves at its first part: a key of a few ids and names.
+const PARTS_CAPACITY: usize = 128;
+
 /// Writes parts in the canonical encoding. See the [module docs](self) for the format.
 #[derive(Debug, Default)]
 pub struct KeyEncoder {
@@ -246,6 +249,10 @@ impl KeyEncoder {
             self.too_large = true;
             return;
         };
+        if self.bytes.capacity() == 0 {
+            // Room for a key of a few parts at once, instead of growing part by part.
+            self.bytes.reserve(PARTS_CAPACITY.max(5 + bytes.len()));
+        }
         self.bytes.push(tag);
         self.bytes.extend_from_slice(&len.to_be_bytes());
         self.bytes.extend_from_slice(bytes);
@@ -259,12 +266,12 @@ impl KeyEncoder {
 
     /// Appends an integer part (tag `i`).
     pub fn integer(&mut self, value: i128) {
-        self.push_part(b'i', value.to_string().as_bytes());
+        self.push_part(b'i', itoa::Buffer::new().format(value).as_bytes());
     }
 
     /// Appends an unsigned integer part (tag `i`); the same encoding as [`Self::integer`].
     pub fn unsigned(&mut self, value: u128) {
-        self.push_part(b'i', value.to_string().as_bytes());
+        self.push_part(b'i', itoa::Buffer::new().format(value).as_bytes());
     }
 
     /// Appends a boolean part (tag `b`).
@@ -279,7 +286,10 @@ impl KeyEncoder {
 
     /// Appends an instant part (tag `t`): nanoseconds since the Unix epoch, UTC.
     pub fn instant_nanos(&mut self, nanos_since_epoch: i128) {
-        self.push_part(b't', nanos_since_epoch.to_string().as_bytes());
+        self.push_part(
+            b't',
+            itoa::Buffer::new().format(nanos_since_epoch).as_bytes(),
+        );
     }
 
     /// Appends a calendar date part (tag `d`).
@@ -382,7 +392,12 @@ impl KeyBuilder {
 
     /// The SHA-256 digest of the encoding, used as a payload fingerprint.
     pub fn digest(&self) -> [u8; 32] {
-        Sha256::digest(self.encoding()).into()
+        // The encoding, digested as it is laid out, without copying it first.
+        let mut digest = Sha256::new();
+        digest.update(ENCODING_V1);
+        digest.update(self.encoder.count.to_be_bytes());
+        digest.update(&self.encoder.bytes);
+        digest.finalize().into()
     }
 
     /// Digests the parts into the key.
@@ -616,6 +631,32 @@ mod tests {
         assert_eq!(key(&[&42_i32]), key(&[&42_u64]));
         assert_eq!(key(&[&-1_i8]), key(&[&-1_i128]));
         assert_eq!(key(&[&u128::MAX]), key(&[&u128::MAX]));
+    }
+
+    #[test]
+    fn integers_and_instants_encode_as_their_decimal_text() {
+        for value in [0, -1, i128::from(i64::MIN), i128::MIN, i128::MAX] {
+            let mut encoder = KeyEncoder::default();
+            encoder.integer(value);
+            assert_eq!(encoder.bytes[5..], *value.to_string().as_bytes(), "{value}");
+            let mut encoder = KeyEncoder::default();
+            encoder.instant_nanos(value);
+            assert_eq!(encoder.bytes[5..], *value.to_string().as_bytes(), "{value}");
+        }
+        let mut encoder = KeyEncoder::default();
+        encoder.unsigned(u128::MAX);
+        assert_eq!(encoder.bytes[5..], *u128::MAX.to_string().as_bytes());
+    }
+
+    #[test]
+    fn the_digest_is_the_encodings() {
+        let builder = KeyBuilder::fingerprint()
+            .part("a", "ab")
+            .unwrap()
+            .part("b", &-7_i64)
+            .unwrap();
+        let digest: [u8; 32] = Sha256::digest(builder.encoding()).into();
+        assert_eq!(builder.digest(), digest);
     }
 
     #[test]
