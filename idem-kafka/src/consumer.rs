@@ -26,7 +26,7 @@ use crate::fate::Fate;
 use crate::group_view::GroupView;
 use crate::handler::Handler;
 use crate::handover::{Handed, Key};
-use crate::lanes::{Lanes, Routed};
+use crate::lanes::Lanes;
 use crate::offset_store::OffsetStore;
 use crate::position_behind::PositionBehind;
 use crate::schema::{self, Schema};
@@ -96,11 +96,12 @@ struct After {
     retrying: bool,
 }
 
-/// Messages a partition's lane queues before the partition's fetches pause (or twenty
-/// batches, if more). Pausing is dear: librdkafka drops what it had fetched for the
-/// partition and fetches it again on resume, so a bound of a few batches paused the
-/// partitions of a busy member over and over (the batch path ran at a third of its rate).
-const QUEUED_PER_PARTITION: usize = 10_000;
+/// Messages the lanes of a member's fetching partitions queue together before its loop
+/// holds back (or twenty batches, if more; see [lanes](crate::lanes)). Holding back, not
+/// pausing: a pause drops what librdkafka had fetched ahead for the partition, fetched
+/// again on resume, and pausing at a bound per partition ran the batch path at half its
+/// rate once the topic was larger than the bounds.
+const QUEUED_PER_MEMBER: usize = 10_000;
 
 impl<H> fmt::Debug for Consumer<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -266,7 +267,7 @@ impl<H: Handler> Consumer<H> {
             lanes: Lanes::new(
                 self.settings.batch_size,
                 self.settings.batch_linger,
-                (self.settings.batch_size * 20).max(QUEUED_PER_PARTITION),
+                (self.settings.batch_size * 20).max(QUEUED_PER_MEMBER),
             ),
             tasks: JoinSet::new(),
             revoking: Vec::new(),
@@ -282,6 +283,8 @@ impl<H: Handler> Consumer<H> {
             self.start_ready(&mut member);
             let due = member.lanes.next_due();
             let revoking = !member.revoking.is_empty();
+            let reading = member.lanes.reading(tokio::time::Instant::now());
+            let hold_ends = member.lanes.hold_ends();
             // Unbiased: a steady stream of messages must not starve the workers' reports,
             // nor the reports the stream.
             tokio::select! {
@@ -332,9 +335,12 @@ impl<H: Handler> Consumer<H> {
                 }
                 () = handover.handed() => {}
                 () = wait_until(due) => {}
+                () = wait_until(hold_ends) => self.pause_held(&mut member.lanes),
                 // Not while a revocation waits for its deliveries: librdkafka waits for its
                 // unassign call, and serves no other rebalance meanwhile.
-                received = handover.polling(self.consumer.recv()), if !revoking => match received {
+                // Nor while the lanes hold their bound: librdkafka keeps what it fetches
+                // meanwhile, within its own bounds.
+                received = handover.polling(self.consumer.recv()), if !revoking && reading => match received {
                     Ok(message) => {
                         let delivery = Delivery::from_message(&message);
                         drop(message);
@@ -430,14 +436,19 @@ impl<H: Handler> Consumer<H> {
         self.activity.working(member.lanes.any_running());
     }
 
-    /// Queues a message in its partition's lane (pausing the partition when the lane is
-    /// full).
+    /// Queues a message in its partition's lane.
     fn route(&self, delivery: Delivery, lanes: &mut Lanes) {
-        let key = (delivery.topic.clone(), delivery.partition);
-        if lanes.route(delivery, tokio::time::Instant::now()) == Routed::Pause
-            && let Err(error) = self.consumer.pause(&list_of(std::slice::from_ref(&key)))
+        lanes.route(delivery, tokio::time::Instant::now());
+    }
+
+    /// The loop held back for [`HOLD_BEFORE_PAUSE`](crate::lanes::HOLD_BEFORE_PAUSE):
+    /// pauses the partitions with queued messages, so that it reads again.
+    fn pause_held(&self, lanes: &mut Lanes) {
+        let held = lanes.pause_held();
+        if !held.is_empty()
+            && let Err(error) = self.consumer.pause(&list_of(&held))
         {
-            tracing::warn!(%error, topic = %key.0, partition = key.1, "pausing a partition failed");
+            tracing::warn!(%error, partitions = ?held, "pausing partitions failed");
         }
     }
 

@@ -17,9 +17,17 @@
 //! revoked, dropped or rewound to the stored position) is ignored: its messages are read
 //! again.
 //!
-//! A lane whose queue reaches its bound pauses its partition's fetches, and resumes them
-//! once it has worked off half of it: memory stays bounded whatever a partition waits for.
-//! librdkafka resumes a paused partition after the last message the loop received.
+//! Memory stays bounded whatever a partition waits for, without pausing partitions while
+//! the database keeps up. Once the lanes of the partitions that fetch hold the member's
+//! bound of messages together, the loop holds back: it reads no more until they have
+//! worked off half of it, and librdkafka keeps what it fetched meanwhile (within its own
+//! bounds, `queued.max.messages.kbytes`). Only a hold that lasts
+//! [`HOLD_BEFORE_PAUSE`] (a partition stuck in back-off, a database that stopped
+//! answering) pauses the partitions with queued messages, each until its lane has worked
+//! off half of its queue, and the loop reads again, for the group's events and the other
+//! partitions. A pause is not free: librdkafka drops what it had fetched ahead for the
+//! partition, and fetches it again after the last message the loop received once the
+//! partition resumes.
 //!
 //! A lane is reset, its queue dropped and its worker told to stop (after the attempt in
 //! flight, at once in a back-off), only when its queued messages are read again anyway:
@@ -28,6 +36,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
+
+/// How long the loop holds back before it pauses the partitions with queued messages.
+pub(crate) const HOLD_BEFORE_PAUSE: Duration = Duration::from_secs(1);
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -41,8 +52,11 @@ pub(crate) struct Lanes {
     lanes: HashMap<Key, Lane>,
     batch_size: usize,
     linger: Duration,
-    /// Messages a lane queues before its partition is paused.
+    /// Messages the lanes of the partitions that fetch queue together before the loop
+    /// holds back.
     bound: usize,
+    /// Since when the loop holds back.
+    held_since: Option<Instant>,
     /// Distinguishes a lane's workers: a report of an older generation is stale.
     generations: u64,
 }
@@ -56,6 +70,8 @@ struct Lane {
     /// The worker in flight: its generation, and its stop switch.
     running: Option<(u64, watch::Sender<bool>)>,
     paused: bool,
+    /// A paused lane resumes at this many queued messages.
+    resume_at: usize,
     /// The partition was revoked: nothing more is queued or started.
     revoking: bool,
 }
@@ -75,8 +91,6 @@ pub(crate) struct Ready {
 pub(crate) enum Routed {
     /// Queued.
     Queued,
-    /// Queued, and the lane reached its bound: pause the partition.
-    Pause,
     /// Dropped: the partition is being revoked.
     Dropped,
 }
@@ -91,6 +105,7 @@ impl Lanes {
             batch_size: batch_size.max(1),
             linger,
             bound: bound.max(1),
+            held_since: None,
             generations: 0,
         }
     }
@@ -106,6 +121,7 @@ impl Lanes {
                     generation: self.generations,
                     running: None,
                     paused: false,
+                    resume_at: 0,
                     revoking: false,
                 },
             );
@@ -116,18 +132,52 @@ impl Lanes {
     /// Queues `delivery` in its partition's lane.
     pub fn route(&mut self, delivery: Delivery, now: Instant) -> Routed {
         let key = (delivery.topic.clone(), delivery.partition);
-        let bound = self.bound;
         let lane = self.lane(&key);
         if lane.revoking {
             return Routed::Dropped;
         }
         lane.since.get_or_insert(now);
         lane.queue.push_back(delivery);
-        if lane.queue.len() >= bound && !lane.paused {
-            lane.paused = true;
-            return Routed::Pause;
-        }
         Routed::Queued
+    }
+
+    /// Whether the loop reads the next message now: not while the lanes of the partitions
+    /// that fetch (neither paused nor revoked) hold the bound together, until they have
+    /// worked off half of it.
+    pub fn reading(&mut self, now: Instant) -> bool {
+        let queued: usize = self
+            .lanes
+            .values()
+            .filter(|lane| !lane.paused && !lane.revoking)
+            .map(|lane| lane.queue.len())
+            .sum();
+        match self.held_since {
+            Some(_) if queued <= self.bound / 2 => self.held_since = None,
+            None if queued >= self.bound => self.held_since = Some(now),
+            _ => {}
+        }
+        self.held_since.is_none()
+    }
+
+    /// When the hold, if the loop holds back, turns into pausing
+    /// ([`pause_held`](Self::pause_held)).
+    pub fn hold_ends(&self) -> Option<Instant> {
+        self.held_since.map(|since| since + HOLD_BEFORE_PAUSE)
+    }
+
+    /// The hold lasted: the partitions with queued messages, marked paused, each to
+    /// resume once its lane has worked off half of its queue. The loop reads again.
+    pub fn pause_held(&mut self) -> Vec<Key> {
+        self.held_since = None;
+        self.lanes
+            .iter_mut()
+            .filter(|(_, lane)| !lane.paused && !lane.revoking && !lane.queue.is_empty())
+            .map(|(key, lane)| {
+                lane.paused = true;
+                lane.resume_at = lane.queue.len() / 2;
+                key.clone()
+            })
+            .collect()
     }
 
     /// The deliveries to start now: of every lane with queued messages and nothing in
@@ -171,12 +221,11 @@ impl Lanes {
             .min()
     }
 
-    /// The paused partitions whose lanes worked off half their bound: marked resumed.
+    /// The paused partitions whose lanes worked off half their queue: marked resumed.
     pub fn take_resumable(&mut self) -> Vec<Key> {
-        let half = self.bound / 2;
         self.lanes
             .iter_mut()
-            .filter(|(_, lane)| lane.paused && lane.queue.len() <= half)
+            .filter(|(_, lane)| lane.paused && lane.queue.len() <= lane.resume_at)
             .map(|(key, lane)| {
                 lane.paused = false;
                 key.clone()
@@ -299,7 +348,7 @@ mod tests {
 
     use tokio::time::Instant;
 
-    use super::{Lanes, Routed};
+    use super::{HOLD_BEFORE_PAUSE, Lanes, Routed};
     use crate::delivery::Delivery;
 
     fn message(partition: i32, offset: i64) -> Delivery {
@@ -333,18 +382,55 @@ mod tests {
     }
 
     #[test]
-    fn a_full_lane_pauses_and_resumes_at_half() {
+    fn full_lanes_hold_the_loop_back_until_they_worked_off_half() {
         let now = Instant::now();
         let mut lanes = Lanes::new(1, Duration::ZERO, 4);
-        let routed: Vec<Routed> = (0..5).map(|o| lanes.route(message(0, o), now)).collect();
-        assert_eq!(routed[3], Routed::Pause);
-        assert_eq!(routed[4], Routed::Queued);
-        assert!(lanes.take_resumable().is_empty());
-        for _ in 0..3 {
-            let ready = lanes.ready(now);
-            lanes.finished(&ready[0].key, ready[0].generation);
+        for offset in 0..2 {
+            assert!(lanes.reading(now));
+            lanes.route(message(0, offset), now);
+            assert!(lanes.reading(now));
+            lanes.route(message(1, offset), now);
         }
-        assert_eq!(lanes.take_resumable(), vec![("t".to_owned(), 0)]);
+        assert!(!lanes.reading(now), "4 messages queued: held back");
+        assert_eq!(lanes.hold_ends(), Some(now + HOLD_BEFORE_PAUSE));
+        let ready = lanes.ready(now);
+        for started in &ready {
+            lanes.finished(&started.key, started.generation);
+        }
+        assert!(lanes.reading(now), "2 left: reading again");
+        assert_eq!(lanes.hold_ends(), None);
+        assert!(lanes.take_resumable().is_empty(), "nothing was paused");
+    }
+
+    #[test]
+    fn a_hold_that_lasts_pauses_the_partitions_with_queued_messages() {
+        let now = Instant::now();
+        let mut lanes = Lanes::new(1, Duration::ZERO, 4);
+        for offset in 0..5 {
+            lanes.route(message(0, offset), now);
+        }
+        lanes.route(message(1, 0), now);
+        let mut ready = lanes.ready(now);
+        ready.sort_by_key(|r| r.key.1);
+        lanes.finished(&ready[1].key, ready[1].generation);
+        assert!(!lanes.reading(now));
+        // Partition 0 is stuck (its worker never ends); partition 1 has nothing queued.
+        assert_eq!(lanes.pause_held(), vec![("t".to_owned(), 0)]);
+        assert!(
+            lanes.reading(now),
+            "a paused lane does not hold the loop back"
+        );
+        assert!(lanes.take_resumable().is_empty());
+        lanes.finished(&ready[0].key, ready[0].generation);
+        for _ in 0..2 {
+            let again = lanes.ready(now).pop().unwrap();
+            lanes.finished(&again.key, again.generation);
+        }
+        assert_eq!(
+            lanes.take_resumable(),
+            vec![("t".to_owned(), 0)],
+            "at half its queue"
+        );
     }
 
     #[test]

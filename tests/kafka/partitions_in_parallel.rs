@@ -2,7 +2,8 @@
 //! of round trip between it and PostgreSQL, one member holding six partitions applies
 //! facts (one per transaction) several times as fast as with one delivery at a time;
 //! a rebalance while deliveries are in flight on every partition, and a graceful stop,
-//! apply every fact exactly once; retries on one partition hold up no other.
+//! apply every fact exactly once; retries on one partition hold up no other, also once
+//! it has more messages than the member queues.
 //!
 //! Every application takes the next number of its partition's sequence in its own
 //! transaction: sorted by it, each partition's facts were applied in offset order, each
@@ -165,10 +166,18 @@ fn start(
 
 /// Sends `per_partition` facts to every partition; returns how many each got.
 async fn produce(harness: &Harness, per_partition: usize) -> BTreeMap<i32, i64> {
+    let counts: Vec<(i32, usize)> = (0..PARTITIONS)
+        .map(|partition| (partition, per_partition))
+        .collect();
+    produce_to(harness, &counts).await
+}
+
+/// Sends `counts` facts to each partition named; returns how many each got.
+async fn produce_to(harness: &Harness, counts: &[(i32, usize)]) -> BTreeMap<i32, i64> {
     let producer = producer::create_producer(&harness.brokers).unwrap();
     let mut pending = Vec::new();
-    for n in 0..per_partition {
-        for partition in 0..PARTITIONS {
+    for &(partition, count) in counts {
+        for n in 0..count {
             let fact = format!("{}-{partition}-{n}", harness.id);
             let mut record = FutureRecord::<(), _>::to(&harness.topic)
                 .partition(partition)
@@ -454,5 +463,58 @@ async fn retries_on_one_partition_hold_up_no_other(pool: PgPool) {
     eprintln!(
         "partition 0 retried {attempts} times while partitions 1 to 5 applied {others} facts"
     );
+    harness.finish().await;
+}
+
+/// A partition held in back-off with more messages than the member queues (10,000) holds
+/// up no other either: the member stops reading at its bound, and a second later pauses
+/// the held partition and reads the others' messages again.
+#[sqlx::test(migrations = false)]
+async fn a_held_partition_past_the_member_s_bound_holds_up_no_other(pool: PgPool) {
+    const HELD: usize = 12_000;
+    const OTHERS: usize = 40;
+    let harness = Harness::new(&pool, "parallel-bound", PARTITIONS).await;
+    sqlx::raw_sql(SCHEMA).execute(&harness.pool).await.unwrap();
+    let run = harness.group.clone();
+    let facts = Facts::new(&run);
+    let hold = facts.hold.clone();
+    hold.held.store(true, Ordering::SeqCst);
+    let member = start(&harness, &run, "m", facts, |builder| {
+        builder.retry_backoff(Duration::from_millis(50), Duration::from_millis(500))
+    });
+    let mut sent = produce_to(&harness, &[(0, HELD)]).await;
+    // The member has read partition 0's messages up to its bound by the time the others
+    // arrive: it holds back until it pauses partition 0.
+    let mut still = Stillness::new(Duration::from_secs(60), 0);
+    while member.stats.snapshot().deliveries < 10_000 {
+        let received = member.stats.snapshot().deliveries;
+        still.check(received, || {
+            format!("partition 0 read up to the bound: {received}")
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let others: Vec<(i32, usize)> = (1..PARTITIONS)
+        .map(|partition| (partition, OTHERS))
+        .collect();
+    sent.extend(produce_to(&harness, &others).await);
+    let others = (OTHERS as i64) * i64::from(PARTITIONS - 1);
+    wait_applied(
+        &harness.pool,
+        &run,
+        others,
+        "partitions 1 to 5 while 0 is held past the bound",
+    )
+    .await;
+    assert_eq!(
+        applied(&harness.pool, &run).await,
+        others,
+        "partition 0 is held"
+    );
+
+    hold.held.store(false, Ordering::SeqCst);
+    let total: i64 = sent.values().sum();
+    wait_applied(&harness.pool, &run, total, "partition 0 once released").await;
+    member.stop().await;
+    assert_once_in_order(&harness.pool, &run, &sent).await;
     harness.finish().await;
 }
