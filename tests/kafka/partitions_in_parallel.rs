@@ -407,21 +407,35 @@ async fn a_rebalance_and_a_stop_with_deliveries_in_flight_apply_every_fact_once(
     harness.finish().await;
 }
 
-#[sqlx::test(migrations = false)]
-async fn retries_on_one_partition_hold_up_no_other(pool: PgPool) {
-    const PER_PARTITION: usize = 50;
-    let harness = Harness::new(&pool, "parallel-retries", PARTITIONS).await;
+/// A harness of `label` with the tables, and a member of its own group whose partition 0
+/// is held from the start (`configure` adjusts its settings): the harness, the run and
+/// the hold.
+async fn with_partition_0_held(
+    pool: &PgPool,
+    label: &str,
+    configure: impl FnOnce(ConsumerBuilder) -> ConsumerBuilder,
+) -> (Harness, String, Arc<Hold>, Running) {
+    let harness = Harness::new(pool, label, PARTITIONS).await;
     sqlx::raw_sql(SCHEMA).execute(&harness.pool).await.unwrap();
     let run = harness.group.clone();
     let facts = Facts::new(&run);
     let hold = facts.hold.clone();
     hold.held.store(true, Ordering::SeqCst);
+    let member = start(&harness, &run, "m", facts, configure);
+    (harness, run, hold, member)
+}
+
+#[sqlx::test(migrations = false)]
+async fn retries_on_one_partition_hold_up_no_other(pool: PgPool) {
+    const PER_PARTITION: usize = 50;
     // One delivery at a time: partition 0's back-off holds no permit.
-    let member = start(&harness, &run, "m", facts, |builder| {
-        builder
-            .max_in_flight(1)
-            .retry_backoff(Duration::from_millis(50), Duration::from_millis(500))
-    });
+    let (harness, run, hold, member) =
+        with_partition_0_held(&pool, "parallel-retries", |builder| {
+            builder
+                .max_in_flight(1)
+                .retry_backoff(Duration::from_millis(50), Duration::from_millis(500))
+        })
+        .await;
     let sent = produce(&harness, PER_PARTITION).await;
     let others: i64 = sent
         .iter()
@@ -473,15 +487,10 @@ async fn retries_on_one_partition_hold_up_no_other(pool: PgPool) {
 async fn a_held_partition_past_the_member_s_bound_holds_up_no_other(pool: PgPool) {
     const HELD: usize = 12_000;
     const OTHERS: usize = 40;
-    let harness = Harness::new(&pool, "parallel-bound", PARTITIONS).await;
-    sqlx::raw_sql(SCHEMA).execute(&harness.pool).await.unwrap();
-    let run = harness.group.clone();
-    let facts = Facts::new(&run);
-    let hold = facts.hold.clone();
-    hold.held.store(true, Ordering::SeqCst);
-    let member = start(&harness, &run, "m", facts, |builder| {
+    let (harness, run, hold, member) = with_partition_0_held(&pool, "parallel-bound", |builder| {
         builder.retry_backoff(Duration::from_millis(50), Duration::from_millis(500))
-    });
+    })
+    .await;
     let mut sent = produce_to(&harness, &[(0, HELD)]).await;
     // The member has read partition 0's messages up to its bound by the time the others
     // arrive: it holds back until it pauses partition 0.
