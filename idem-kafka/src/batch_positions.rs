@@ -29,9 +29,11 @@ use crate::stats::lock;
 /// own payload fingerprint, the ones this transaction claimed as well as duplicates of
 /// keys committed before. If the batch commits, every message below the stored position
 /// is done; if it rolls back, nothing was stored. Positions only move forward. In a batch
-/// handler's body, the keys that its transaction claimed are known
-/// ([`CurrentDelivery::batch_keys`](idem_runtime::CurrentDelivery::batch_keys)): only the
-/// other messages are looked up, none when the transaction claimed every message's key.
+/// handler's body, the keys that its transaction claimed and the duplicates its claim
+/// found are known ([`CurrentDelivery::batch_keys`](idem_runtime::CurrentDelivery::batch_keys),
+/// [`CurrentDelivery::batch_duplicates`](idem_runtime::CurrentDelivery::batch_duplicates)):
+/// only the other messages are looked up (parked keys, payload mismatches, keys another
+/// delivery held), in no round trip at all when there are none.
 ///
 /// The later bodies of the same transaction do not store again. A body that fails calls
 /// [`forget`](Self::forget): the batch is rolled back and run again one message per
@@ -177,30 +179,35 @@ impl Keys {
     }
 
     /// In a batch handler's body: each key that its transaction claimed (in the body's
-    /// scope), with the payload fingerprint of the batch's first message of that key, the
-    /// one it was claimed for. `None` elsewhere (the body of one message), or when the
+    /// scope), and each its claim found already succeeded with the message's payload,
+    /// with the payload fingerprint of the batch's first message of that key (the one it
+    /// was claimed or found for). `None` elsewhere (the body of one message), or when the
     /// body's keys are not all among this batch's.
     fn claimed_here(&self) -> Option<Claimed> {
         let current = CurrentDelivery::get()?;
-        let owned: HashSet<IdempotencyKey> = current.batch_keys()?.iter().copied().collect();
-        let mut first = HashMap::with_capacity(owned.len());
+        let claimed = current.batch_keys()?;
+        let duplicates = current.batch_duplicates().unwrap_or_default();
+        let mut known: HashSet<IdempotencyKey> =
+            HashSet::with_capacity(claimed.len() + duplicates.len());
+        known.extend(claimed.iter().chain(duplicates).copied());
+        let mut first = HashMap::with_capacity(known.len());
         for index in 0..self.len() {
             if let Some((scope, key, fingerprint)) = self.message(index)
                 && scope == current.scope()
-                && owned.contains(&key)
+                && known.contains(&key)
             {
                 first.entry(key).or_insert(fingerprint);
             }
         }
-        (first.len() == owned.len()).then(|| Claimed {
+        (first.len() == known.len()).then(|| Claimed {
             scope: current.scope().to_owned(),
             first,
         })
     }
 }
 
-/// The keys that a batch handler's transaction claimed, each with the payload fingerprint
-/// of the first message of the batch with that key.
+/// The keys that a batch handler's transaction claimed or found already succeeded, each
+/// with the payload fingerprint of the first message of the batch with that key.
 #[derive(Debug)]
 struct Claimed {
     scope: String,
@@ -209,10 +216,10 @@ struct Claimed {
 
 impl Claimed {
     /// Whether a message of `key` in `scope` is done once the transaction commits: `None`
-    /// for a key it did not claim. A later message of a claimed key is done with the
-    /// payload it was claimed for, as the batch decides it: it is a payload mismatch where
-    /// both fingerprints are known and differ, and shares the first message's outcome
-    /// otherwise.
+    /// for a key it neither claimed nor found succeeded. A later message of such a key is
+    /// done with the payload of the first, as the batch decides it: it is a payload
+    /// mismatch where both fingerprints are known and differ, and shares the first
+    /// message's outcome otherwise.
     fn done(
         &self,
         scope: &str,

@@ -51,7 +51,12 @@ pub trait AtCommit: std::any::Any + Send + std::fmt::Debug {
 #[derive(Debug, Clone)]
 enum Keys {
     One(IdempotencyKey),
-    Many(Arc<[IdempotencyKey]>),
+    /// A batch handler's body: the keys its transaction claimed, and the duplicates its
+    /// claim found.
+    Many {
+        claimed: Arc<[IdempotencyKey]>,
+        duplicates: Arc<[IdempotencyKey]>,
+    },
 }
 
 /// The text that tells an outgoing key's encoding apart from every message's key.
@@ -78,7 +83,7 @@ impl CurrentDelivery {
     pub fn keys(&self) -> &[IdempotencyKey] {
         match &self.keys {
             Keys::One(key) => std::slice::from_ref(key),
-            Keys::Many(keys) => keys,
+            Keys::Many { claimed, .. } => claimed,
         }
     }
 
@@ -89,7 +94,22 @@ impl CurrentDelivery {
     pub fn batch_keys(&self) -> Option<&[IdempotencyKey]> {
         match &self.keys {
             Keys::One(_) => None,
-            Keys::Many(keys) => Some(keys),
+            Keys::Many { claimed, .. } => Some(claimed),
+        }
+    }
+
+    /// In a batch handler's body: the keys of the batch's other messages that its claim
+    /// found already succeeded with the message's payload (duplicates of facts committed
+    /// before, which the body does not receive), in message order; each key once, as the
+    /// claim saw it. They stay done whatever this transaction does. `None` for the body
+    /// of one message, as for [`batch_keys`](Self::batch_keys).
+    ///
+    /// With [`batch_keys`](Self::batch_keys), this tells a body which of its batch's
+    /// messages are done once it commits without asking the database again.
+    pub fn batch_duplicates(&self) -> Option<&[IdempotencyKey]> {
+        match &self.keys {
+            Keys::One(_) => None,
+            Keys::Many { duplicates, .. } => Some(duplicates),
         }
     }
 
@@ -162,11 +182,19 @@ impl CurrentDelivery {
         }
     }
 
-    pub(crate) fn many(idem: &Idem, scope: &'static str, keys: Vec<IdempotencyKey>) -> Self {
+    pub(crate) fn many(
+        idem: &Idem,
+        scope: &'static str,
+        claimed: Vec<IdempotencyKey>,
+        duplicates: Vec<IdempotencyKey>,
+    ) -> Self {
         CurrentDelivery {
             idem: idem.clone(),
             scope,
-            keys: Keys::Many(keys.into()),
+            keys: Keys::Many {
+                claimed: claimed.into(),
+                duplicates: duplicates.into(),
+            },
             at_commit: Arc::default(),
         }
     }

@@ -34,6 +34,9 @@ pub(super) struct Claim<T, E> {
     /// The messages decided by the rows in the way (duplicates, parked keys, payload
     /// mismatches) and the facts outside their window.
     pub(super) decided: Vec<Indexed<T, E>>,
+    /// Among `decided`, the duplicates: the messages whose keys the claim found `success`
+    /// with their payload, in message order.
+    pub(super) succeeded: Vec<usize>,
 }
 
 /// The keys, fingerprints and facts' times of the messages `indices`, as the statements
@@ -95,6 +98,7 @@ pub(super) async fn claim<T, E, C: ResultCodec<T>>(
                 xid: None,
                 owned: Vec::new(),
                 decided,
+                succeeded: Vec::new(),
             }));
         }
         let keys = Keys::of(&to_claim, keyed);
@@ -130,8 +134,9 @@ pub(super) async fn claim<T, E, C: ResultCodec<T>>(
     };
     let mut xid = claimed.xid;
     let outside: HashSet<Uuid> = claimed.outside.into_iter().collect();
-    let in_the_way = InTheWay::decide(&to_claim, keyed, claimed.in_the_way, codec)?;
+    let mut in_the_way = InTheWay::decide(&to_claim, keyed, claimed.in_the_way, codec)?;
     decided.extend(in_the_way.decided);
+    in_the_way.succeeded.sort_unstable();
     let mut owned = Vec::with_capacity(to_claim.len());
     for &index in &to_claim {
         let derived = keyed(index);
@@ -165,6 +170,7 @@ pub(super) async fn claim<T, E, C: ResultCodec<T>>(
         xid,
         owned,
         decided,
+        succeeded: in_the_way.succeeded,
     }))
 }
 
@@ -196,6 +202,8 @@ struct InTheWay<T, E> {
     failed: Vec<usize>,
     /// The others: duplicates, parked keys, payload mismatches.
     decided: Vec<Indexed<T, E>>,
+    /// Among `decided`, the duplicates: keys `success` with the message's payload.
+    succeeded: Vec<usize>,
 }
 
 impl<T, E> InTheWay<T, E> {
@@ -209,6 +217,7 @@ impl<T, E> InTheWay<T, E> {
             indices: HashSet::with_capacity(rows.len()),
             failed: Vec::new(),
             decided: Vec::new(),
+            succeeded: Vec::new(),
         };
         // The common case, a batch of new keys: nothing to look up.
         if rows.is_empty() {
@@ -242,6 +251,9 @@ impl<T, E> InTheWay<T, E> {
             } else if existing.status == Status::Failed {
                 in_the_way.failed.push(index);
             } else {
+                if existing.status == Status::Success {
+                    in_the_way.succeeded.push(index);
+                }
                 in_the_way.decided.push((
                     index,
                     transactional::decide(idempotency_key, existing, codec),

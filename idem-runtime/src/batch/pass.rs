@@ -29,8 +29,8 @@ pub(super) enum Pass<T, E> {
 }
 
 /// Claims the keys of the messages `to_claim` and, if any is owned, hands the open
-/// transaction and the owned messages (in message order) to `work`, which runs the body
-/// and commits. With nothing owned, the transaction is dropped without a write.
+/// transaction, the owned messages and the duplicates the claim found (both in message
+/// order) to `work`, which runs the body and commits. With nothing owned, the transaction is dropped without a write.
 /// `window`: where the keys are kept by their facts' times, the scope's window.
 pub(super) async fn batch_pass<T, E, C, W, Fut>(
     idem: &Idem,
@@ -43,7 +43,7 @@ pub(super) async fn batch_pass<T, E, C, W, Fut>(
 ) -> Pass<T, E>
 where
     C: ResultCodec<T>,
-    W: FnOnce(KeyTransaction, i64, Vec<usize>) -> Fut,
+    W: FnOnce(KeyTransaction, i64, Vec<usize>, Vec<usize>) -> Fut,
     Fut: Future<Output = Result<Vec<Indexed<T, E>>, Fallback>>,
 {
     let claiming = Timer::start();
@@ -56,18 +56,21 @@ where
             xid,
             owned,
             decided,
-        })) if !owned.is_empty() => match work(tx, xid.unwrap_or_default(), owned.clone()).await {
-            Ok(executed) => {
-                let mut outcomes = decided;
-                outcomes.extend(executed);
-                Pass::Committed(outcomes)
+            succeeded,
+        })) if !owned.is_empty() => {
+            match work(tx, xid.unwrap_or_default(), owned.clone(), succeeded).await {
+                Ok(executed) => {
+                    let mut outcomes = decided;
+                    outcomes.extend(executed);
+                    Pass::Committed(outcomes)
+                }
+                Err(reason) => Pass::OneByOne {
+                    retry: owned,
+                    decided,
+                    reason,
+                },
             }
-            Err(reason) => Pass::OneByOne {
-                retry: owned,
-                decided,
-                reason,
-            },
-        },
+        }
         // Read-only (or no transaction at all): dropping the transaction rolls it back
         // before its connection is reused.
         Ok(Some(Claim { tx, decided, .. })) => {
@@ -265,6 +268,14 @@ where
         .collect())
 }
 
+/// What the batch transaction's claim found, by message index, each in message order:
+/// the messages whose keys it holds, and the duplicates (keys `success` with the
+/// message's payload).
+pub(super) struct Claimed {
+    pub(super) owned: Vec<usize>,
+    pub(super) succeeded: Vec<usize>,
+}
+
 /// [`run_batch_handler`](super::protocol::run_batch_handler)'s work in the batch transaction: the body once with all owned messages,
 /// in order, then the commit.
 #[allow(clippy::too_many_arguments)]
@@ -274,7 +285,7 @@ pub(super) async fn run_once<'m, M, E, F, Fut>(
     tx: KeyTransaction,
     xid: i64,
     messages: &'m [M],
-    owned: Vec<usize>,
+    claimed: Claimed,
     keyed: &impl Fn(usize) -> Derived,
     body: &mut F,
 ) -> Result<Vec<Indexed<(), E>>, Fallback>
@@ -282,10 +293,12 @@ where
     F: FnMut(KeyTransaction, Vec<&'m M>) -> Fut,
     Fut: Future<Output = (KeyTransaction, Result<(), E>)>,
 {
+    let Claimed { owned, succeeded } = claimed;
     let slice = owned.iter().map(|&index| &messages[index]).collect();
     let keys = owned.iter().map(|&index| keyed(index).key).collect();
+    let duplicates = succeeded.iter().map(|&index| keyed(index).key).collect();
     let running = Timer::start();
-    let current = CurrentDelivery::many(idem, scope, keys);
+    let current = CurrentDelivery::many(idem, scope, keys, duplicates);
     let (tx, result) = current.clone().run(body(tx, slice)).await;
     running.handler(scope, Mode::Batch);
     if result.is_err() {

@@ -5,7 +5,7 @@
 use std::future::Future;
 
 use super::BatchOutcomes;
-use super::pass::{Fallback, Pass, batch_pass, run_each, run_once, settle};
+use super::pass::{Claimed, Fallback, Pass, batch_pass, run_each, run_once, settle};
 use super::plan::{Planned, refuse_all};
 use super::timed::Window;
 use crate::Idem;
@@ -63,7 +63,7 @@ where
                 &keyed,
                 window,
                 &codec,
-                move |tx, xid, owned| {
+                move |tx, xid, owned, _succeeded| {
                     run_each(idem, spec, tx, xid, messages, owned, derived, codec, each)
                 },
             )
@@ -150,8 +150,9 @@ where
                 &keyed,
                 window,
                 &NoResult,
-                move |tx, xid, owned| {
-                    run_once(idem, spec.scope, tx, xid, messages, owned, keys_of, once)
+                move |tx, xid, owned, succeeded| {
+                    let claimed = Claimed { owned, succeeded };
+                    run_once(idem, spec.scope, tx, xid, messages, claimed, keys_of, once)
                 },
             )
             .await
