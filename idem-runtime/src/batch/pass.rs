@@ -97,7 +97,7 @@ pub(super) async fn settle<T, E, C, F, Fut>(
     keyed: &impl Fn(usize) -> MessageKeys,
     previous_timed: bool,
     codec: C,
-    mut one: F,
+    one: F,
 ) -> Vec<Indexed<T, E>>
 where
     C: ResultCodec<T> + Copy,
@@ -140,7 +140,30 @@ where
         reason = %reason,
         "batch rolled back; processing its messages one by one"
     );
-    for index in retry {
+    decided.extend(each_alone(idem, spec, retry, keyed, previous_timed, codec, one).await);
+    decided
+}
+
+/// Runs each message of `indices` on its own, in order, by
+/// [`run_transactional`](crate::transactional::run_transactional())'s protocol, its body
+/// given by `one` (the transaction and the message's index).
+pub(super) async fn each_alone<T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    indices: Vec<usize>,
+    keyed: &impl Fn(usize) -> MessageKeys,
+    previous_timed: bool,
+    codec: C,
+    mut one: F,
+) -> Vec<Indexed<T, E>>
+where
+    C: ResultCodec<T> + Copy,
+    E: HandlerError,
+    F: FnMut(KeyTransaction, usize) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
+{
+    let mut decided = Vec::with_capacity(indices.len());
+    for index in indices {
         let outcome = transactional::run_checked(
             idem,
             spec,

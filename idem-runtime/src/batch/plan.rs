@@ -32,6 +32,11 @@ enum Plan {
     Done,
     /// A duplicate of the message at this earlier index of the batch.
     SameAs(usize),
+    /// A later message of the key of the message at this earlier index, with another
+    /// payload: a payload mismatch once the first message's payload is the key's (it ran,
+    /// or was a duplicate); else decided on its own, as it would be outside a batch (the
+    /// first may have been a mismatch itself, and this one the key's own payload).
+    Differs(usize),
     /// Claimed, or to be decided by the claim.
     Claim,
 }
@@ -107,12 +112,11 @@ impl<T, E> Planned<T, E> {
                                 (Some(theirs), Some(ours)) => theirs == ours,
                                 _ => true,
                             };
-                            if same_payload {
-                                planned.plans.push(Plan::SameAs(first));
+                            planned.plans.push(if same_payload {
+                                Plan::SameAs(first)
                             } else {
-                                planned.outcomes[index] = Some(Err(Error::PayloadMismatch { key }));
-                                planned.plans.push(Plan::Done);
-                            }
+                                Plan::Differs(first)
+                            });
                         }
                         None => {
                             first_of_key.insert(key, index);
@@ -183,10 +187,33 @@ impl<T, E> Planned<T, E> {
         }
     }
 
+    /// Once the batch's messages are decided: the later messages of a key with another
+    /// payload than its first message's, where the first one's payload is not the key's
+    /// (it was a payload mismatch itself, or was not decided: in progress elsewhere,
+    /// failed, parked, outside its window). Each is to be decided on its own.
+    pub(super) fn alone(&self) -> Vec<usize> {
+        (0..self.plans.len())
+            .filter(|&index| match self.plans[index] {
+                Plan::Differs(first) => !matches!(
+                    self.outcomes[first],
+                    Some(Ok(Outcome::Executed(_) | Outcome::Duplicate(_)))
+                ),
+                _ => false,
+            })
+            .collect()
+    }
+
     /// Every message's outcome, in order: duplicates inside the batch share the outcome
-    /// of the first message with their key.
+    /// of the first message with their key, and a later message with another payload
+    /// than the first's is a payload mismatch unless it was decided on its own.
     pub(super) fn finish<C: ResultCodec<T>>(mut self, codec: &C) -> BatchOutcomes<T, E> {
         for index in 0..self.plans.len() {
+            if let Plan::Differs(_) = self.plans[index]
+                && self.outcomes[index].is_none()
+            {
+                let key = self.keyed(index).key;
+                self.outcomes[index] = Some(Err(Error::PayloadMismatch { key }));
+            }
             if let Plan::SameAs(first) = self.plans[index] {
                 let key = self.keyed(index).key;
                 self.outcomes[index] = Some(match &self.outcomes[first] {

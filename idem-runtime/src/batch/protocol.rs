@@ -5,7 +5,7 @@
 use std::future::Future;
 
 use super::BatchOutcomes;
-use super::pass::{Claimed, Fallback, Pass, batch_pass, run_each, run_once, settle};
+use super::pass::{Claimed, Fallback, Pass, batch_pass, each_alone, run_each, run_once, settle};
 use super::plan::{Planned, refuse_all};
 use super::timed::Window;
 use crate::Idem;
@@ -84,6 +84,21 @@ where
     )
     .await;
     planned.decide(outcomes);
+    let alone = planned.alone();
+    if !alone.is_empty() {
+        let message_keys = |index: usize| planned.message_keys(index);
+        let decided = each_alone(
+            idem,
+            spec,
+            alone,
+            &message_keys,
+            previous_timed,
+            codec,
+            |tx, index| body(tx, &messages[index]),
+        )
+        .await;
+        planned.decide(decided);
+    }
     counted(spec, planned.finish(&codec))
 }
 
@@ -172,6 +187,21 @@ where
     )
     .await;
     planned.decide(outcomes);
+    let alone = planned.alone();
+    if !alone.is_empty() {
+        let message_keys = |index: usize| planned.message_keys(index);
+        let decided = each_alone(
+            idem,
+            spec,
+            alone,
+            &message_keys,
+            previous_timed,
+            NoResult,
+            |tx, index| body(tx, vec![&messages[index]]),
+        )
+        .await;
+        planned.decide(decided);
+    }
     counted(spec, planned.finish(&NoResult))
 }
 

@@ -1,4 +1,4 @@
-//! A batch handler with a fingerprint rejects, message by message, a key seen before with another payload (in the status table or earlier in the same batch) with `PayloadMismatch`, without giving that message to the body.
+//! A batch handler with a fingerprint rejects, message by message, a key seen before with another payload (in the status table or earlier in the same batch) with `PayloadMismatch`, without giving that message to the body. A message with the payload the key was recorded with is a duplicate, also after a mismatched message of its key in the same batch (as `batch = true`'s).
 use crate::support::batch as batch_handler_support;
 
 use crate::support::orders::OrderEvent;
@@ -30,6 +30,8 @@ async fn same_key_with_another_payload_is_rejected_per_message(pool: PgPool) {
         ("b", 6),
         ("b", 5),
         ("a", 999),
+        // The key's own payload after a mismatch of it: decided on its own.
+        ("a", 100),
     ]);
     let outcomes = record_orders(&idem, &batch, &calls).await;
     let mismatch = |outcome: &Result<Outcome<()>, Error<sqlx::Error>>| matches!(outcome, Err(error @ Error::PayloadMismatch { .. }) if error.disposition() == Disposition::DeadLetter);
@@ -41,10 +43,53 @@ async fn same_key_with_another_payload_is_rejected_per_message(pool: PgPool) {
     assert!(mismatch(&outcomes[3]), "{:?}", outcomes[3]);
     assert_eq!(outcomes[4].as_ref().unwrap(), &Outcome::Duplicate(None));
     assert!(mismatch(&outcomes[5]), "{:?}", outcomes[5]);
+    assert_eq!(outcomes[6].as_ref().unwrap(), &Outcome::Duplicate(None));
+    assert_eq!(outcomes.len(), 7);
 
     assert_eq!(calls.all(), vec![ids(&["a"]), ids(&["b", "c"])]);
     assert_eq!(
         effects(&pool).await,
         vec![("a".into(), 100), ("b".into(), 5), ("c".into(), 1)]
+    );
+}
+
+/// One body per message (`batch = true`), with the result stored for replay.
+#[idempotent(
+    key = "order_id, event_type",
+    fingerprint = "amount_cents",
+    batch = true
+)]
+async fn record_order(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
+    insert_all(tx, &[event]).await?;
+    Ok(event.amount_cents)
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_re_send_after_a_mismatch_of_its_key_in_the_batch_is_a_duplicate(pool: PgPool) {
+    let idem = testing::setup(&pool).await;
+    let first = record_order_batch(&idem, &paid_batch(&[("a", 100)])).await;
+    assert_eq!(first[0].as_ref().unwrap(), &Outcome::Executed(100));
+
+    let batch = paid_batch(&[("a", 999), ("a", 100), ("n", 3), ("n", 4), ("a", 100)]);
+    let outcomes = record_order_batch(&idem, &batch).await;
+    let mismatch = |outcome: &Result<Outcome<i64>, Error<sqlx::Error>>| {
+        matches!(outcome, Err(Error::PayloadMismatch { .. }))
+    };
+    assert!(mismatch(&outcomes[0]), "{:?}", outcomes[0]);
+    // The re-sends of the recorded payload get its stored result, as on their own.
+    assert_eq!(
+        outcomes[1].as_ref().unwrap(),
+        &Outcome::Duplicate(Some(100))
+    );
+    assert_eq!(outcomes[2].as_ref().unwrap(), &Outcome::Executed(3));
+    // A key new in this batch is recorded with its first message's payload.
+    assert!(mismatch(&outcomes[3]), "{:?}", outcomes[3]);
+    assert_eq!(
+        outcomes[4].as_ref().unwrap(),
+        &Outcome::Duplicate(Some(100))
+    );
+    assert_eq!(
+        effects(&pool).await,
+        vec![("a".into(), 100), ("n".into(), 3)]
     );
 }
