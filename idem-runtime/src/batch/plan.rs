@@ -33,9 +33,11 @@ enum Plan {
     /// A duplicate of the message at this earlier index of the batch.
     SameAs(usize),
     /// A later message of the key of the message at this earlier index, with another
-    /// payload: a payload mismatch once the first message's payload is the key's (it ran,
-    /// or was a duplicate); else decided on its own, as it would be outside a batch (the
-    /// first may have been a mismatch itself, and this one the key's own payload).
+    /// payload: a payload mismatch, unless the first was a payload mismatch itself (the
+    /// key was recorded with a third payload, or with this one's). Then it is decided on
+    /// its own, after the batch, as it would be one message at a time. A first message
+    /// that is to be retried keeps its key's turn: the later one is a mismatch, as it
+    /// would be once the first one runs.
     Differs(usize),
     /// Claimed, or to be decided by the claim.
     Claim,
@@ -188,16 +190,18 @@ impl<T, E> Planned<T, E> {
     }
 
     /// Once the batch's messages are decided: the later messages of a key with another
-    /// payload than its first message's, where the first one's payload is not the key's
-    /// (it was a payload mismatch itself, or was not decided: in progress elsewhere,
-    /// failed, parked, outside its window). Each is to be decided on its own.
+    /// payload than its first message's, where the first one was a payload mismatch
+    /// itself (the key is recorded with another payload than the first's, maybe theirs).
+    /// Each is to be decided on its own.
     pub(super) fn alone(&self) -> Vec<usize> {
         (0..self.plans.len())
             .filter(|&index| match self.plans[index] {
-                Plan::Differs(first) => !matches!(
-                    self.outcomes[first],
-                    Some(Ok(Outcome::Executed(_) | Outcome::Duplicate(_)))
-                ),
+                Plan::Differs(first) => {
+                    matches!(
+                        self.outcomes[first],
+                        Some(Err(Error::PayloadMismatch { .. }))
+                    )
+                }
                 _ => false,
             })
             .collect()

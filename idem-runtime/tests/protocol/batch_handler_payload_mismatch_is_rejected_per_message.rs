@@ -60,9 +60,15 @@ async fn same_key_with_another_payload_is_rejected_per_message(pool: PgPool) {
     batch = true
 )]
 async fn record_order(tx: &mut PgConnection, event: &OrderEvent) -> Result<i64, sqlx::Error> {
+    if event.amount_cents == FAILING {
+        return Err(sqlx::Error::Protocol("this amount fails".into()));
+    }
     insert_all(tx, &[event]).await?;
     Ok(event.amount_cents)
 }
+
+/// The amount whose body fails.
+const FAILING: i64 = 13;
 
 #[sqlx::test(migrations = false)]
 async fn a_re_send_after_a_mismatch_of_its_key_in_the_batch_is_a_duplicate(pool: PgPool) {
@@ -88,6 +94,20 @@ async fn a_re_send_after_a_mismatch_of_its_key_in_the_batch_is_a_duplicate(pool:
         outcomes[4].as_ref().unwrap(),
         &Outcome::Duplicate(Some(100))
     );
+    assert_eq!(
+        effects(&pool).await,
+        vec![("a".into(), 100), ("n".into(), 3)]
+    );
+
+    // A first message to be retried keeps its key for itself: the later one with another
+    // payload is a mismatch, and does not run before it.
+    let outcomes = record_order_batch(&idem, &paid_batch(&[("f", FAILING), ("f", 14)])).await;
+    assert!(
+        matches!(&outcomes[0], Err(error) if error.disposition() == Disposition::Retry),
+        "{:?}",
+        outcomes[0]
+    );
+    assert!(mismatch(&outcomes[1]), "{:?}", outcomes[1]);
     assert_eq!(
         effects(&pool).await,
         vec![("a".into(), 100), ("n".into(), 3)]
