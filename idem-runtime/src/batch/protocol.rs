@@ -84,21 +84,15 @@ where
     )
     .await;
     planned.decide(outcomes);
-    let alone = planned.alone();
-    if !alone.is_empty() {
-        let message_keys = |index: usize| planned.message_keys(index);
-        let decided = each_alone(
-            idem,
-            spec,
-            alone,
-            &message_keys,
-            previous_timed,
-            codec,
-            |tx, index| body(tx, &messages[index]),
-        )
-        .await;
-        planned.decide(decided);
-    }
+    decide_alone(
+        idem,
+        spec,
+        &mut planned,
+        previous_timed,
+        codec,
+        |tx, index| body(tx, &messages[index]),
+    )
+    .await;
     counted(spec, planned.finish(&codec))
 }
 
@@ -187,21 +181,15 @@ where
     )
     .await;
     planned.decide(outcomes);
-    let alone = planned.alone();
-    if !alone.is_empty() {
-        let message_keys = |index: usize| planned.message_keys(index);
-        let decided = each_alone(
-            idem,
-            spec,
-            alone,
-            &message_keys,
-            previous_timed,
-            NoResult,
-            |tx, index| body(tx, vec![&messages[index]]),
-        )
-        .await;
-        planned.decide(decided);
-    }
+    decide_alone(
+        idem,
+        spec,
+        &mut planned,
+        previous_timed,
+        NoResult,
+        |tx, index| body(tx, vec![&messages[index]]),
+    )
+    .await;
     counted(spec, planned.finish(&NoResult))
 }
 
@@ -214,6 +202,30 @@ fn one_by_one<T, E>(to_claim: Vec<usize>) -> Pass<T, E> {
         decided: Vec::new(),
         reason: Fallback::PreviousKey,
     }
+}
+
+/// Decides on its own each message that [`Planned::alone`] names, once the batch's
+/// messages are decided, `one` giving its body (the transaction and the message's index).
+async fn decide_alone<T, E, C, F, Fut>(
+    idem: &Idem,
+    spec: &HandlerSpec,
+    planned: &mut Planned<T, E>,
+    previous_timed: bool,
+    codec: C,
+    one: F,
+) where
+    C: ResultCodec<T> + Copy,
+    E: HandlerError,
+    F: FnMut(KeyTransaction, usize) -> Fut,
+    Fut: Future<Output = (KeyTransaction, Result<T, E>)>,
+{
+    let alone = planned.alone();
+    if alone.is_empty() {
+        return;
+    }
+    let message_keys = |index: usize| planned.message_keys(index);
+    let decided = each_alone(idem, spec, alone, &message_keys, previous_timed, codec, one).await;
+    planned.decide(decided);
 }
 
 /// Counts each message's outcome (see [`telemetry`](crate::telemetry)).
