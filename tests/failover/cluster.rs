@@ -168,12 +168,8 @@ impl Cluster {
                 port: 0,
                 child: None,
             },
-            endpoint: Proxy::start(SocketAddr::from(([127, 0, 0, 1], primary_port)))
-                .await
-                .unwrap(),
-            link: Proxy::start(SocketAddr::from(([127, 0, 0, 1], primary_port)))
-                .await
-                .unwrap(),
+            endpoint: Proxy::start(SocketAddr::from(([127, 0, 0, 1], primary_port))).unwrap(),
+            link: Proxy::start(SocketAddr::from(([127, 0, 0, 1], primary_port))).unwrap(),
         };
         let child = cluster.spawn_server(&primary_data, primary_port, "primary");
         cluster.primary.child = Some(child);

@@ -19,9 +19,12 @@
 //! ```
 //!
 //! The scenarios are ignored in a plain `cargo test`: `scripts/test.sh` runs them in a
-//! run of their own before the other tests (within the workspace's run, after the other
-//! suites, a scenario's groups made no progress in their first minute, twice in two
-//! runs; on their own they passed every time).
+//! run of their own before the other tests, on a machine that does nothing else. (A
+//! scenario whose groups made no progress in their first minute, inside the workspace's
+//! run and once on its own, had its proxies on the runtime of the consumers, whose
+//! rebalance callbacks block a worker while they read the stored offsets through those
+//! very proxies: with both workers blocked, nothing moved until the reads timed out, and
+//! the next rebalance blocked them again. The proxies now have a runtime of their own.)
 
 mod chain;
 mod cluster;

@@ -7,15 +7,21 @@
 //! new ones go to another server; while it has nowhere to go (between a primary's death
 //! and a standby's promotion), new connections wait for the move, at most
 //! [`WAIT_FOR_TARGET`], then are closed.
+//!
+//! It runs on a runtime of its own, on a thread of its own, as a network is apart from the
+//! processes it links: the consumers under test block their runtime's workers at times
+//! (an rdkafka rebalance callback is synchronous, and reads the stored offsets through
+//! this proxy from a thread of its own); sharing those workers, the proxy would wait for
+//! the very callbacks that wait for it.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Runtime;
 use tokio::sync::watch;
-use tokio::task::{AbortHandle, JoinHandle};
 
 /// How long a connection accepted while the proxy has no target waits for one.
 pub const WAIT_FOR_TARGET: Duration = Duration::from_secs(10);
@@ -24,36 +30,55 @@ pub const WAIT_FOR_TARGET: Duration = Duration::from_secs(10);
 pub struct Proxy {
     address: SocketAddr,
     shared: Arc<Shared>,
-    accepting: JoinHandle<()>,
+    /// The proxy's own runtime (one worker thread): the listener and every connection.
+    runtime: Option<Runtime>,
 }
 
 struct Shared {
-    /// Where new connections go; `None` while moving.
-    target: watch::Sender<Option<SocketAddr>>,
+    /// Where new connections go, and how many moves there were: one value, so that a
+    /// connection never pairs a target with another move's count.
+    route: watch::Sender<Route>,
     /// Whether bytes stop.
     paused: watch::Sender<bool>,
+}
+
+/// Where the proxy forwards.
+#[derive(Clone, Copy)]
+struct Route {
     /// Counts the moves: a connection forwarded before the latest one is closed.
-    generation: watch::Sender<u64>,
-    /// The tasks of the connections, to end them with the proxy.
-    connections: Mutex<Vec<AbortHandle>>,
+    generation: u64,
+    /// Where new connections go; `None` while moving.
+    target: Option<SocketAddr>,
 }
 
 impl Proxy {
     /// Listens on a free port of 127.0.0.1 and forwards every connection to `target`.
-    pub async fn start(target: SocketAddr) -> std::io::Result<Proxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+    pub fn start(target: SocketAddr) -> std::io::Result<Proxy> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("failover-proxy")
+            .enable_all()
+            .build()?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
         let address = listener.local_addr()?;
+        let listener = {
+            let _inside = runtime.enter();
+            TcpListener::from_std(listener)?
+        };
         let shared = Arc::new(Shared {
-            target: watch::channel(Some(target)).0,
+            route: watch::channel(Route {
+                generation: 0,
+                target: Some(target),
+            })
+            .0,
             paused: watch::channel(false).0,
-            generation: watch::channel(0).0,
-            connections: Mutex::new(Vec::new()),
         });
-        let accepting = tokio::spawn(accept(listener, shared.clone()));
+        runtime.spawn(accept(listener, shared.clone()));
         Ok(Proxy {
             address,
             shared,
-            accepting,
+            runtime: Some(runtime),
         })
     }
 
@@ -75,35 +100,30 @@ impl Proxy {
     /// Closes every forwarded connection and holds new ones until
     /// [`move_to`](Self::move_to).
     pub fn detach(&self) {
-        self.shared.target.send_replace(None);
-        self.shared
-            .generation
-            .send_modify(|generation| *generation += 1);
+        self.shared.route.send_modify(|route| {
+            route.generation += 1;
+            route.target = None;
+        });
     }
 
     /// Closes every forwarded connection and forwards new ones (and those held) to
     /// `target`.
     pub fn move_to(&self, target: SocketAddr) {
-        self.shared.target.send_replace(Some(target));
-        self.shared
-            .generation
-            .send_modify(|generation| *generation += 1);
+        self.shared.route.send_modify(|route| {
+            route.generation += 1;
+            route.target = Some(target);
+        });
     }
 }
 
 impl Drop for Proxy {
+    /// Ends the listener and every connection's task with the runtime (without waiting
+    /// for them: the test's own runtime may be the caller).
     fn drop(&mut self) {
-        self.accepting.abort();
-        for task in lock(&self.shared.connections).drain(..) {
-            task.abort();
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 async fn accept(listener: TcpListener, shared: Arc<Shared>) {
@@ -112,35 +132,37 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>) {
             continue;
         };
         client.set_nodelay(true).ok();
-        let task = tokio::spawn(forward(client, shared.clone()));
-        let mut connections = lock(&shared.connections);
-        connections.retain(|task| !task.is_finished());
-        connections.push(task.abort_handle());
+        tokio::spawn(forward(client, shared.clone()));
     }
 }
 
 /// One connection: waits for a target, connects, then pumps both ways until either side
 /// closes or the proxy moves.
 async fn forward(client: TcpStream, shared: Arc<Shared>) {
-    let mut targets = shared.target.subscribe();
-    let mut generations = shared.generation.subscribe();
+    let mut routes = shared.route.subscribe();
     let (server, generation) = loop {
-        let generation = *generations.borrow_and_update();
-        let target = match tokio::time::timeout(
+        let route = match tokio::time::timeout(
             WAIT_FOR_TARGET,
-            targets.wait_for(|target| target.is_some()),
+            routes.wait_for(|route| route.target.is_some()),
         )
         .await
         {
-            Ok(Ok(target)) => target.expect("waited for a target"),
+            Ok(Ok(route)) => *route,
             _ => return,
         };
+        let target = route.target.expect("waited for a target");
         let Ok(server) = TcpStream::connect(target).await else {
             return;
         };
+        // A dead server's port is in the ephemeral range: a connection to it may get that
+        // very port as its own and connect to itself (TCP's simultaneous open), and its
+        // client would read its own bytes back. That is a refused connection.
+        if server.local_addr().ok() == server.peer_addr().ok() {
+            return;
+        }
         // Moved while connecting: the connection went to the old target; try again.
-        if *generations.borrow_and_update() == generation {
-            break (server, generation);
+        if routes.borrow_and_update().generation == route.generation {
+            break (server, route.generation);
         }
     };
     server.set_nodelay(true).ok();
@@ -152,7 +174,7 @@ async fn forward(client: TcpStream, shared: Arc<Shared>) {
     tokio::select! {
         _ = upstream => {}
         _ = downstream => {}
-        _ = generations.wait_for(|now| *now != generation) => {}
+        _ = routes.wait_for(|route| route.generation != generation) => {}
     }
 }
 
@@ -201,6 +223,22 @@ mod tests {
         address
     }
 
+    /// An echo server on a free port, on a thread of its own, off every runtime.
+    fn echo_on_a_thread() -> SocketAddr {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for socket in listener.incoming() {
+                let Ok(mut socket) = socket else { return };
+                std::thread::spawn(move || {
+                    let mut read = socket.try_clone().unwrap();
+                    std::io::copy(&mut read, &mut socket).ok();
+                });
+            }
+        });
+        address
+    }
+
     async fn round_trip(stream: &mut TcpStream, bytes: &[u8]) -> std::io::Result<Vec<u8>> {
         stream.write_all(bytes).await?;
         let mut back = vec![0u8; bytes.len()];
@@ -208,10 +246,55 @@ mod tests {
         Ok(back)
     }
 
+    /// The proxy forwards while every worker of the runtime that started it is blocked,
+    /// as the consumers' rebalance callbacks block theirs while they read through it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forwards_while_the_workers_of_its_caller_are_blocked() {
+        use std::io::{Read, Write};
+        use std::sync::Barrier;
+
+        let proxy = Proxy::start(echo_on_a_thread()).unwrap();
+        let address = proxy.address();
+        let blocked = Arc::new(Barrier::new(3));
+        let released = Arc::new(Barrier::new(3));
+        let blockers: Vec<_> = (0..2)
+            .map(|_| {
+                let (blocked, released) = (blocked.clone(), released.clone());
+                tokio::spawn(async move {
+                    blocked.wait();
+                    released.wait();
+                })
+            })
+            .collect();
+        // Both workers are in a blocking wait from here on.
+        let answered = std::thread::spawn({
+            let blocked = blocked.clone();
+            move || {
+                blocked.wait();
+                let mut stream = std::net::TcpStream::connect(address)?;
+                stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+                stream.write_all(b"ping")?;
+                let mut back = [0u8; 4];
+                stream.read_exact(&mut back)?;
+                Ok::<_, std::io::Error>(back)
+            }
+        })
+        .join()
+        .unwrap();
+        released.wait();
+        for blocker in blockers {
+            blocker.await.unwrap();
+        }
+        assert_eq!(
+            &answered.expect("an answer through the proxy within 5 s"),
+            b"ping"
+        );
+    }
+
     #[tokio::test]
     async fn forwards_pauses_and_moves() {
         let (first, second) = (echo().await, echo().await);
-        let proxy = Proxy::start(first).await.unwrap();
+        let proxy = Proxy::start(first).unwrap();
         let mut client = TcpStream::connect(proxy.address()).await.unwrap();
         assert_eq!(round_trip(&mut client, b"hello").await.unwrap(), b"hello");
 
