@@ -209,6 +209,13 @@ impl<H: Handler> Consumer<H> {
     /// multi-threaded one, as `#[tokio::main]` builds, lets it work beside its deliveries);
     /// dropping the future that `run` returns stops it at once, as a crash would: nothing
     /// in flight is committed.
+    ///
+    /// At a rebalance the member waits, as librdkafka's callback must, for PostgreSQL (the
+    /// stored offsets of the partitions it gets, the positions of those it gives up) and
+    /// the broker (their commit). On a multi-threaded runtime the worker's other tasks
+    /// move to another thread meanwhile; on a current-thread runtime, everything on it
+    /// waits too, so nothing the member needs to reach the database may run there (an
+    /// in-process tunnel or proxy).
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), ConsumerError> {
         // The loop is woken at every message and every delivery's report. In a task on the
         // runtime's workers, beside the deliveries' tasks, that costs no wake-up of another

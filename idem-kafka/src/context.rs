@@ -175,20 +175,23 @@ impl GroupContext {
     /// Gives up revoked `partitions` whose deliveries are done: resumes them (a pause of
     /// the member's outlives the assignment in librdkafka), stores and commits what was
     /// processed in them, and unassigns them.
+    /// Blocks, giving up the runtime's worker meanwhile (see [`blocking`]).
     pub fn give_up(
         &self,
         base: &impl rdkafka::consumer::Consumer<Self>,
         partitions: &TopicPartitionList,
         cooperative: bool,
     ) {
-        base.resume(partitions).ok();
-        self.save_revoked(base, partitions);
-        let unassigned = if cooperative {
-            base.incremental_unassign(partitions)
-        } else {
-            base.unassign()
-        };
-        log_rebalance("revoked", &describe(partitions), unassigned);
+        blocking(|| {
+            base.resume(partitions).ok();
+            self.save_revoked(base, partitions);
+            let unassigned = if cooperative {
+                base.incremental_unassign(partitions)
+            } else {
+                base.unassign()
+            };
+            log_rebalance("revoked", &describe(partitions), unassigned);
+        });
     }
 
     /// Runs a short database job from inside an rdkafka callback, which is synchronous:
@@ -245,7 +248,28 @@ impl ClientContext for GroupContext {
 }
 
 impl ConsumerContext for GroupContext {
+    /// Called by librdkafka from the member's poll, on the member's task: it blocks
+    /// (stored offsets read, revoked positions stored and committed), giving up the
+    /// runtime's worker meanwhile (see [`blocking`]).
     fn rebalance(
+        &self,
+        base: &BaseConsumer<Self>,
+        event: RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
+        blocking(|| self.rebalance_here(base, event, partitions));
+    }
+
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(error) = result {
+            tracing::debug!(%error, "an offset commit failed; retrying at the next commit");
+            self.progress.uncommit(offsets);
+        }
+    }
+}
+
+impl GroupContext {
+    fn rebalance_here(
         &self,
         base: &BaseConsumer<Self>,
         event: RDKafkaRespErr,
@@ -298,12 +322,21 @@ impl ConsumerContext for GroupContext {
             }
         }
     }
+}
 
-    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
-        if let Err(error) = result {
-            tracing::debug!(%error, "an offset commit failed; retrying at the next commit");
-            self.progress.uncommit(offsets);
+/// Runs `work`, which blocks (a read or write in PostgreSQL, a commit to the broker), from
+/// an rdkafka callback or the member's loop. On a worker of a multi-threaded Tokio
+/// runtime, the worker's other tasks move to another thread while it blocks
+/// ([`tokio::task::block_in_place`]): the other members' deliveries, whatever else the
+/// process runs, and what the work itself may wait for, such as an in-process tunnel or
+/// proxy to the database. Elsewhere (a current-thread runtime, a thread of its own) it
+/// just runs.
+fn blocking<R>(work: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(work)
         }
+        _ => work(),
     }
 }
 

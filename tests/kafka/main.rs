@@ -26,6 +26,7 @@ mod outbox_relay_faults;
 mod outbox_savepoints;
 mod partitions_in_parallel;
 mod per_message;
+mod rebalance_gives_up_its_worker;
 mod spans;
 mod stalled_member_gives_up;
 mod support;
