@@ -19,6 +19,10 @@ use crate::progress::{Pending, PositionRow, Progress};
 use crate::schema::Schema;
 use crate::store;
 
+/// How long a rebalance waits for PostgreSQL, connecting included, before it goes on
+/// without it (see [`GroupContext::on_side_thread`]).
+const SIDE_JOB_BOUND: Duration = Duration::from_secs(10);
+
 /// The rdkafka context: rebalance handling and the processed offsets.
 pub(crate) struct GroupContext {
     pub group: String,
@@ -196,7 +200,8 @@ impl GroupContext {
 
     /// Runs a short database job from inside an rdkafka callback, which is synchronous:
     /// on a thread of its own with its own connection, so that it never waits for the
-    /// async runtime that is blocked in the callback.
+    /// runtime the callback was called on (a current-thread runtime is blocked in it), at
+    /// most [`SIDE_JOB_BOUND`], connection included.
     fn on_side_thread<T: Send>(
         &self,
         job: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error> + Send,
@@ -216,9 +221,16 @@ impl GroupContext {
                             conn.close().await.ok();
                             result
                         };
-                        tokio::time::timeout(Duration::from_secs(10), work)
+                        tokio::time::timeout(SIDE_JOB_BOUND, work)
                             .await
-                            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+                            .unwrap_or_else(|_| {
+                                Err(sqlx::Error::Io(std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    format!(
+                                        "PostgreSQL did not connect and answer within {SIDE_JOB_BOUND:?}"
+                                    ),
+                                )))
+                            })
                     })
                 })
                 .join()
